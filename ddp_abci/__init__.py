@@ -1,0 +1,37 @@
+"""ddp_abci: multi-node PyTorch training with plain DistributedDataParallel, launched by mpirun.
+
+The embedding API, one function per step (each in the module named for its concern):
+
+    from ddp_abci import discover_launch, process_group, build_model, wrap_model, build_loader
+    launch = discover_launch()                      # launch.py: rank, sizes, rendezvous
+    with process_group(launch) as device:           # process_group.py: NCCL or gloo, torn down on exit
+        model = wrap_model(build_model(seed=0), device, launch.world_size)   # model.py
+        loader = build_loader(LinspaceDataset(), launch, global_batch=50)      # data.py
+        precision = resolve_precision("auto", device)                          # precision.py
+
+Names are imported lazily so that `import ddp_abci` stays cheap (no torch until used).
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Launch": "launch", "discover_launch": "launch",
+    "open_process_group": "process_group", "close_process_group": "process_group",
+    "process_group": "process_group", "choose_device": "process_group",
+    "LinspaceDataset": "data", "build_loader": "data", "per_rank_batch": "data",
+    "SimpleModule": "model", "build_model": "model", "wrap_model": "model", "unwrap": "model",
+    "rmse_loss": "model",
+    "resolve_precision": "precision", "autocast": "precision", "make_scaler": "precision",
+    "save_atomic": "checkpoint", "load_checkpoint": "checkpoint",
+    "TrainConfig": "config", "Trainer": "trainer", "UsageError": "errors",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'ddp_abci' has no attribute {name!r}")

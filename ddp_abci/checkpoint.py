@@ -1,0 +1,108 @@
+"""Checkpoint: atomic writes of DIR/last.pt and validated, weights_only loads.
+
+Format (other tools read these keys): model, optimizer, scaler, epoch, step,
+world_size, config, plus for exact resume: batch_in_epoch, sampler_epoch,
+global_batch, rng, and format = FORMAT.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import UsageError
+
+FORMAT = "ddp_abci/1"
+FILENAME = "last.pt"
+REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_size", "config",
+            "batch_in_epoch", "sampler_epoch", "global_batch", "rng")
+
+
+class CheckpointError(UsageError):
+    """A checkpoint that cannot be used; it is left untouched."""
+
+
+def checkpoint_path(ckpt_dir: str | os.PathLike) -> Path:
+    return Path(ckpt_dir) / FILENAME
+
+
+def check_writable(ckpt_dir: str | os.PathLike) -> None:
+    """Prove now, before training, that DIR can take a checkpoint: create it and a probe file."""
+    try:
+        Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=ckpt_dir, prefix=".probe-"):
+            pass
+    except OSError as e:
+        raise CheckpointError(f"--ckpt-dir {ckpt_dir} cannot be written ({e.strerror}); choose a writable folder") from None
+
+
+def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write to a temporary file in the same folder, flush it to disk, then rename it over
+    `path`. A crash at any point leaves either the old file or the new one, whole:
+    rename within one file system is atomic, and fsync orders the data before it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # make the rename itself durable
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load with weights_only=True (a crafted file cannot run code) and check it is ours."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zip, foreign pickle, ... : all mean "not usable"
+        reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{path} is truncated or not a ddp_abci checkpoint ({reason}); "
+            "it was left as it is: move it away or use another --ckpt-dir"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or any(k not in state for k in REQUIRED):
+        raise CheckpointError(
+            f"{path} is not a {FORMAT} checkpoint; it was left as it is: move it away or use another --ckpt-dir"
+        )
+    return state
+
+
+def check_model_shape(state: dict[str, Any], model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """Refuse a checkpoint whose tensors do not fit the model, naming the first mismatch."""
+    ours = model.state_dict()
+    theirs = state["model"]
+    for name, tensor in ours.items():
+        if name not in theirs or tuple(theirs[name].shape) != tuple(tensor.shape):
+            got = tuple(theirs[name].shape) if name in theirs else "missing"
+            raise CheckpointError(
+                f"{path} holds another model shape ({name}: {got}, this model {tuple(tensor.shape)}); "
+                "use the same --dim-in/--dim-hidden or another --ckpt-dir"
+            )
+    extra = set(theirs) - set(ours)
+    if extra:
+        raise CheckpointError(f"{path} holds parameters this model lacks ({sorted(extra)[0]}); use another --ckpt-dir")
+
+
+def rng_state() -> dict[str, Any]:
+    """RNG states a resume restores (tensors and lists only, so weights_only can load them)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,46 @@
+"""Model: the seed's minimal autoencoder, and its DistributedDataParallel wrapper."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class SimpleModule(nn.Module):
+    """Linear(dim_in -> dim_hidden) then Linear(dim_hidden -> dim_in), as in the seed."""
+
+    def __init__(self, dim_in: int = 1000, dim_hidden: int = 100) -> None:
+        super().__init__()
+        self.dim_in = dim_in
+        self.dim_hidden = dim_hidden
+        self.net = nn.Sequential(nn.Linear(dim_in, dim_hidden), nn.Linear(dim_hidden, dim_in))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def build_model(seed: int, dim_in: int = 1000, dim_hidden: int = 100) -> SimpleModule:
+    """Seeded immediately before construction, so every rank starts from the same weights
+    (DDP also broadcasts rank 0's, but a seeded build makes runs reproducible)."""
+    torch.manual_seed(seed)
+    return SimpleModule(dim_in, dim_hidden)
+
+
+def rmse_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The seed's loss: the square root of the batch's mean squared error."""
+    return ((x - y) ** 2).mean().sqrt()
+
+
+def wrap_model(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:
+    """Move to the device and wrap in DDP. On one process DDP would only all-reduce with
+    itself, so the bare module is returned (Accelerate does the same)."""
+    model = model.to(device)
+    if world_size == 1:
+        return model
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside DDP (and inside torch.compile's wrapper)."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)

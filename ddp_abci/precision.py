@@ -1,0 +1,37 @@
+"""Precision: --amp {auto,no,fp16,bf16} to torch.amp autocast and GradScaler."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .errors import UsageError
+
+CHOICES = ("auto", "no", "fp16", "bf16")
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_precision(amp: str, device: torch.device) -> str:
+    """'auto' becomes fp16 on CUDA and no on the CPU; combinations that cannot run are refused."""
+    if amp not in CHOICES:
+        raise UsageError(f"unknown precision {amp!r}; use --amp one of {', '.join(CHOICES)}")
+    if amp == "auto":
+        return "fp16" if device.type == "cuda" else "no"
+    if amp == "fp16" and device.type != "cuda":
+        raise UsageError("fp16 needs a CUDA GPU and none is available; use --amp bf16 or --amp no on the CPU")
+    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UsageError(f"this GPU ({torch.cuda.get_device_name(device)}) has no bf16; use --amp fp16")
+    return amp
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """Forward pass context: torch.amp.autocast in fp16/bf16, nothing in fp32."""
+    if precision == "no":
+        return contextlib.nullcontext()
+    return torch.amp.autocast(device.type, dtype=_DTYPES[precision])
+
+
+def make_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """A GradScaler that is active only for fp16: bf16 has fp32's exponent range and
+    needs no loss scaling. A disabled scaler's scale/step/update are plain pass-throughs."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")

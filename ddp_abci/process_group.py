@@ -1,0 +1,94 @@
+"""Process group: the one place where torch.distributed is opened and closed."""
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import timedelta
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from .errors import UsageError
+from .launch import Launch
+
+
+class RendezvousFailed(UsageError):
+    """The ranks could not meet at the master address and port."""
+
+
+def choose_device(launch: Launch) -> torch.device:
+    """cuda:<local rank> when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        if launch.local_rank >= torch.cuda.device_count():
+            raise UsageError(
+                f"local rank {launch.local_rank} but only {torch.cuda.device_count()} GPUs on this node; "
+                "start one rank per GPU (mpirun -map-by ppr:<gpus>:node)"
+            )
+        return torch.device("cuda", launch.local_rank)
+    return torch.device("cpu")
+
+
+def cpu_threads(launch: Launch, environ: dict | os._Environ = os.environ) -> int | None:
+    """Threads per rank on the CPU: the cores this rank may use, shared by the ranks of its
+    node; None when OMP_NUM_THREADS is set (the user's choice wins).
+
+    mpirun binds each rank to its own core by default, so the affinity mask, not the
+    node's core count, is what a rank really has.
+    """
+    if environ.get("OMP_NUM_THREADS"):
+        return None
+    cores = len(os.sched_getaffinity(0))
+    per_rank = (os.cpu_count() or 1) // launch.local_world_size
+    return max(1, min(cores, per_rank))
+
+
+def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str | None = None) -> torch.device:
+    """Join the process group and return this rank's device.
+
+    The CUDA device is set before init: NCCL binds its communicator to the current
+    device, and every rank would otherwise create a context on GPU 0.
+    """
+    device = choose_device(launch)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        threads = cpu_threads(launch)
+        if threads is not None:
+            torch.set_num_threads(threads)
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=launch.init_method,
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    except (RuntimeError, ValueError, OSError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RendezvousFailed(
+            f"rank {launch.rank} could not meet the others at {launch.master_addr}:{launch.master_port} "
+            f"within {timeout_s:g}s ({first_line}); check that rank 0's address is reachable "
+            "(MASTER_ADDR / --interface) and that all ranks started"
+        ) from None
+    return device
+
+
+def close_process_group() -> None:
+    """Leave the process group. Must run before the interpreter exits: a process that
+    exits with a live gloo group aborts with 'terminate called without an active
+    exception' (seen with Open MPI 5)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str | None = None) -> Iterator[torch.device]:
+    """`with process_group(launch) as device:` opens the group, and closes it on any exit."""
+    device = open_process_group(launch, timeout_s=timeout_s, backend=backend)
+    try:
+        yield device
+    finally:
+        close_process_group()

@@ -1,0 +1,106 @@
+"""Command line: `mpirun -n 2 python -m ddp_abci.train [options]`.
+
+It only builds the two dataclasses (the discovered Launch and the TrainConfig) and
+hands them to the Trainer; every decision lives in the module named for it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .config import TrainConfig
+from .errors import UsageError
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default prints the whole usage first
+        self.exit(2, f"{self.prog}: error: {message}; see --help\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = _OneLineParser(prog="python -m ddp_abci.train",
+                       description="Train the seed's autoencoder with DistributedDataParallel.")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--bs", type=int, default=d.global_batch, help="global batch, split over the ranks")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--amp", default=d.amp, help="auto (fp16 on CUDA, no on the CPU), no, fp16 or bf16")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers per rank")
+    p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
+                   help="default: on with CUDA only")
+    p.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=d.persistent_workers)
+    p.add_argument("--max-steps", type=int, default=d.max_steps, help="stop after N optimizer steps in all; 0: no limit")
+    p.add_argument("--ckpt-dir", default=d.ckpt_dir, help="write DIR/last.pt after every epoch and at the end")
+    p.add_argument("--resume", action="store_true", help="continue from --ckpt-dir's last.pt")
+    p.add_argument("--timeout", type=float, default=d.timeout_s, dest="timeout_s",
+                   help="seconds before a hung rendezvous or collective fails")
+    p.add_argument("--stop-check-every", type=int, default=d.stop_check_every,
+                   help="steps between the ranks' agreement on SIGTERM/SIGUSR1")
+    p.add_argument("--log-every", type=float, default=d.log_every_s, dest="log_every_s",
+                   help="seconds between progress lines inside an epoch")
+    p.add_argument("--summary-json", default=None, help="rank 0 writes the run's figures here")
+    p.add_argument("--dim-in", type=int, default=d.dim_in)
+    p.add_argument("--dim-hidden", type=int, default=d.dim_hidden)
+    p.add_argument("--num-items", type=int, default=d.num_items)
+    net = p.add_argument_group("rendezvous (default: MASTER_ADDR/MASTER_PORT, else chosen by rank 0)")
+    net.add_argument("--master-addr", default=None, help="rank 0's address for the rendezvous")
+    net.add_argument("--master-port", type=int, default=None)
+    net.add_argument("--interface", default=os.environ.get("DDP_ABCI_IFNAME"),
+                     help="take rank 0's address from this interface, e.g. bond0 or ib0 (env DDP_ABCI_IFNAME)")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        epochs=args.epochs, global_batch=args.bs, lr=args.lr, amp=args.amp, seed=args.seed,
+        workers=args.workers, pin_memory=args.pin_memory, persistent_workers=args.persistent_workers,
+        max_steps=args.max_steps, ckpt_dir=args.ckpt_dir, resume=args.resume, timeout_s=args.timeout_s,
+        dim_in=args.dim_in, dim_hidden=args.dim_hidden, num_items=args.num_items,
+        log_every_s=args.log_every_s, stop_check_every=args.stop_check_every, summary_json=args.summary_json,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+        return run(config, master_addr=args.master_addr, master_port=args.master_port, interface=args.interface)
+    except UsageError as e:
+        if _probably_rank0():
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+def run(config: TrainConfig, **launch_options) -> int:
+    """Discover the launch, check what can be checked without the others, train, tear down."""
+    # Imported here so that `--help` and bad flags answer without loading torch.
+    from .data import per_rank_batch
+    from .launch import discover_launch
+    from .precision import resolve_precision
+    from .process_group import choose_device, process_group
+    from .trainer import Trainer, log
+
+    launch = discover_launch(**launch_options)
+    per_rank_batch(config.global_batch, launch.world_size)
+    resolve_precision(config.amp, choose_device(launch))
+    with process_group(launch, timeout_s=config.timeout_s) as device:
+        import torch.distributed as dist
+
+        log(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
+                    f"backend {dist.get_backend()}, device {device}, "
+                    f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
+        return Trainer(config, launch, device).run()
+
+
+def _probably_rank0() -> bool:
+    """Before (or without) a Launch, print errors once: every rank hits the same one."""
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return os.environ[var] == "0"
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set up .venv with ddp_abci and its extras. Idempotent: a second run only checks.
+#   TORCH_SPEC  torch requirement to install first (default torch==2.13.0, the CPU build
+#               this project is tested with; on GPU machines pass the CUDA build you need)
+#   EXTRAS      extras of ddp_abci to install (default mpi,test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+EXTRAS=${EXTRAS:-mpi,test}
+PYTHON=${PYTHON:-python3}
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# torch first and pinned: an unpinned torch pulled in by a dependency is a multi-GB CUDA build.
+.venv/bin/python -m pip install -q "$TORCH_SPEC"
+.venv/bin/python -m pip install -q -e ".[${EXTRAS}]"
+echo "setup: $(.venv/bin/python -c 'import torch, ddp_abci; print("ddp_abci", ddp_abci.__version__, "torch", torch.__version__)')"

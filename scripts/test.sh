@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up .venv and run the test suite. pytest's exit 5 ("no tests collected") fails too.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+.venv/bin/python -m pytest "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests: failing" >&2
+    exit 1
+fi
+exit "$rc"
