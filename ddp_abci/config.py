@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .errors import UsageError
-from .precision import CHOICES as AMP_CHOICES
+
+AMP_CHOICES = ("auto", "no", "fp16", "bf16")
 
 
 @dataclass(frozen=True)

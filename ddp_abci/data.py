@@ -32,7 +32,7 @@ class LinspaceDataset(Dataset):
         linspace replaces a Python loop and a torch.stack copy.
         """
         stops = np.asarray(indices, dtype=np.float64) + self.start
-        return torch.from_numpy(np.linspace(0, stops, self.dim, axis=1).astype(np.float32))
+        return torch.from_numpy(np.linspace(0, stops, self.dim, axis=1).astype(np.float32, order="C"))
 
 
 def as_batch(batch: torch.Tensor) -> torch.Tensor:

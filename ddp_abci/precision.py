@@ -5,9 +5,9 @@ import contextlib
 
 import torch
 
+from .config import AMP_CHOICES as CHOICES
 from .errors import UsageError
 
-CHOICES = ("auto", "no", "fp16", "bf16")
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 

@@ -1,27 +1,21 @@
-"""Stop signals: SIGTERM (PBS and Grid Engine at walltime, mpirun forwarding) and SIGUSR1
-(Slurm's --signal) ask every rank to finish its step, save, and exit."""
+"""Stop signals: SIGTERM (PBS and Grid Engine at walltime, forwarded by mpirun) and SIGUSR1
+(Slurm's --signal; forwarded by mpirun without ending the job) ask every rank to finish its
+step, save, and exit. This module only records the request; the training loop decides when
+all ranks agree (see Trainer._stop_agreed). It imports nothing heavy, so that the command
+line can install the handlers before torch loads: a signal during start-up is kept too.
+"""
 from __future__ import annotations
 
 import signal
-
-import torch
-import torch.distributed as dist
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped early with the checkpoint saved; resubmit with --resume
 
 
 class StopRequest:
-    """Remembers a stop signal and lets the ranks agree on the step where they stop.
+    """`with StopRequest() as stop:` records the first stop signal in `stop.received`."""
 
-    Ranks get the signal at slightly different moments, so each step's decision is an
-    all-reduce (MAX of the signal number) taken at the same step on every rank. Doing it
-    every `every` steps, not every step, keeps its cost off the throughput.
-    """
-
-    def __init__(self, every: int, device: torch.device) -> None:
-        self.every = every
-        self.device = device
+    def __init__(self) -> None:
         self.received = 0
         self._previous: dict[int, object] = {}
 
@@ -36,15 +30,6 @@ class StopRequest:
 
     def _handle(self, signum: int, frame) -> None:
         self.received = self.received or signum  # only record: the loop acts at a safe point
-
-    def agreed(self, step: int) -> int:
-        """The signal some rank received, once all ranks have seen it at this step; else 0."""
-        if step % self.every:
-            return 0
-        flag = torch.tensor([self.received], dtype=torch.int32, device=self.device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
 
 
 def signal_name(signum: int) -> str:

@@ -11,6 +11,7 @@ import sys
 
 from .config import TrainConfig
 from .errors import UsageError
+from .signals import StopRequest
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -64,16 +65,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        config = config_from_args(args)
-        return run(config, master_addr=args.master_addr, master_port=args.master_port, interface=args.interface)
-    except UsageError as e:
-        if _probably_rank0():
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+    # Handlers first, before torch loads: a walltime SIGTERM during start-up is kept and
+    # acted on at the first agreed step instead of killing the rank mid-import.
+    with StopRequest() as stop:
+        try:
+            config = config_from_args(args)
+            return run(config, stop, master_addr=args.master_addr, master_port=args.master_port,
+                       interface=args.interface)
+        except UsageError as e:
+            if _probably_rank0():
+                print(f"error: {e}", file=sys.stderr, flush=True)
+            return 2
 
 
-def run(config: TrainConfig, **launch_options) -> int:
+def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) -> int:
     """Discover the launch, check what can be checked without the others, train, tear down."""
     # Imported here so that `--help` and bad flags answer without loading torch.
     from .data import per_rank_batch
@@ -91,7 +96,7 @@ def run(config: TrainConfig, **launch_options) -> int:
         log(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
                     f"backend {dist.get_backend()}, device {device}, "
                     f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
-        return Trainer(config, launch, device).run()
+        return Trainer(config, launch, device).run(stop)
 
 
 def _probably_rank0() -> bool:

@@ -172,20 +172,22 @@ class Trainer:
         self.scaler.update()
         return loss.detach(), self.scaler.get_scale() < before
 
-    def run(self) -> int:
-        """Train until --epochs or --max-steps, or until a stop signal; returns the exit status."""
+    def run(self, stop: StopRequest | None = None) -> int:
+        """Train until --epochs or --max-steps, or until a stop signal; returns the exit status.
+
+        Pass an entered StopRequest to act on SIGTERM/SIGUSR1 (the command line does)."""
         cfg, launch = self.config, self.launch
         log(launch, f"training: {cfg.epochs} epochs of {self.batches_per_epoch} steps, global batch "
                     f"{cfg.global_batch} ({self.per_rank_batch} per rank), precision {self.precision}, "
                     f"checkpoints {self.ckpt_file or 'off'}")
         stopped_by, last_loss, steps_before = 0, float("nan"), self.step
-        with StopRequest(cfg.stop_check_every, self.device) as stop:
-            while self.epoch < cfg.epochs and not self._max_steps_reached() and not stopped_by:
-                self.loader.sampler.start_epoch(self.epoch, skip=self.batch_in_epoch * self.per_rank_batch)
-                last_loss, stopped_by = self._run_epoch(stop)
-                if self.batch_in_epoch == self.batches_per_epoch:
-                    self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-                    self._save_snapshot()
+        stop = stop or StopRequest()
+        while self.epoch < cfg.epochs and not self._max_steps_reached() and not stopped_by:
+            self.loader.sampler.start_epoch(self.epoch, skip=self.batch_in_epoch * self.per_rank_batch)
+            last_loss, stopped_by = self._run_epoch(stop)
+            if self.batch_in_epoch == self.batches_per_epoch:
+                self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                self._save_snapshot()
         if self.batch_in_epoch:
             self._save_snapshot()  # stopped mid-epoch, by a signal or --max-steps
         self._write_summary(last_loss, stopped_by)
@@ -220,10 +222,24 @@ class Trainer:
                 last_log = now
                 print(f"  epoch {self.epoch + 1} [{self.batch_in_epoch}/{self.batches_per_epoch}] "
                       f"rank-0 loss {loss.item():.4f}", flush=True)
-            stopped_by = stop.agreed(self.step)
+            stopped_by = self._stop_agreed(stop)
             if stopped_by or self._max_steps_reached():
                 break
         return self._epoch_report(loss_sum, batches, skipped, time.perf_counter() - started), stopped_by
+
+    def _stop_agreed(self, stop: StopRequest) -> int:
+        """The stop signal some rank received, once every rank knows it; else 0.
+
+        Ranks get a signal at slightly different moments, so the decision is an all-reduce
+        (MAX of the signal number) taken at the same step on every rank. Every
+        --stop-check-every steps, not every step, keeps its cost off the throughput.
+        """
+        if self.step % self.config.stop_check_every:
+            return 0
+        flag = torch.tensor([stop.received], dtype=torch.int32, device=self.device)
+        if self.launch.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
 
     def _epoch_report(self, loss_sum: torch.Tensor, batches: int, skipped: int, elapsed: float) -> float:
         """The epoch's loss averaged over every rank's batches (not rank 0's own), logged."""
@@ -233,7 +249,8 @@ class Trainer:
         mean = (totals[0] / totals[1].clamp(min=1)).item()
         rate = batches * self.config.global_batch / max(elapsed, 1e-9)
         extra = f", {skipped} steps skipped by fp16 overflow" if skipped else ""
-        log(self.launch, f"epoch {self.epoch + 1}/{self.config.epochs}: loss {mean:.4f}, "
+        part = "" if self.batch_in_epoch == self.batches_per_epoch else f" [{self.batch_in_epoch}/{self.batches_per_epoch} batches]"
+        log(self.launch, f"epoch {self.epoch + 1}/{self.config.epochs}{part}: loss {mean:.4f}, "
                          f"{rate:,.0f} samples/s, {elapsed:.2f}s{extra}")
         return mean
 

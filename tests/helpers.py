@@ -1,0 +1,90 @@
+"""Shared helpers for the tests: real mpirun processes with the venv's Python."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+MPIRUN = shutil.which("mpirun", path=str(Path(PYTHON).parent)) or shutil.which("mpirun")
+LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS")
+
+
+def env(**extra: str) -> dict[str, str]:
+    """The test process's environment, minus launcher variables that would leak into the job,
+    plus what Open MPI needs to start as root (tests and scripts set it, never the library)."""
+    e = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    e.update(extra)
+    return e
+
+
+def mpirun_cmd(n: int, *args: str, module: str = "ddp_abci.train") -> list[str]:
+    return [MPIRUN, "-n", str(n), "--oversubscribe", PYTHON, "-m", module, *args]
+
+
+def run(cmd: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+    """Run to completion; stdout and stderr merged into .stdout."""
+    kw.setdefault("env", env())
+    return subprocess.run(cmd, cwd=kw.pop("cwd", REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, **kw)
+
+
+def run_mpi(n: int, *args: str, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+    return run(mpirun_cmd(n, *args), timeout=timeout, **kw)
+
+
+def train(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """One process, no mpirun."""
+    return run([PYTHON, "-m", "ddp_abci.train", *args], timeout=timeout, **kw)
+
+
+def start_mpi(n: int, *args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(mpirun_cmd(n, *args), cwd=REPO, env=kw.pop("env", env()), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 120) -> list[str]:
+    """Read the job's output until a line containing `needle`; returns the lines read."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"no line with {needle!r} within {timeout}s:\n{''.join(lines)}")
+
+
+def rank_pids(mpirun_pid: int) -> list[int]:
+    """The ranks are the children of Open MPI 5's mpirun (prterun)."""
+    out = subprocess.run(["pgrep", "-P", str(mpirun_pid)], stdout=subprocess.PIPE, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def signal_ranks(mpirun_pid: int, sig: signal.Signals) -> None:
+    for pid in rank_pids(mpirun_pid):
+        os.kill(pid, sig)
+
+
+def assert_clean(proc: subprocess.CompletedProcess, rc: int = 0) -> None:
+    """Exit status as expected and none of the texts a broken teardown or a crash prints."""
+    assert proc.returncode == rc, proc.stdout
+    for bad in ("terminate called", "Traceback", "Segmentation", "core dumped"):
+        assert bad not in proc.stdout, proc.stdout
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def same_tensors(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

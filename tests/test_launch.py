@@ -1,0 +1,110 @@
+"""Launch discovery: precedence of the sources and the errors that stop a broken launch."""
+import socket
+
+import pytest
+
+from ddp_abci import launch as launch_mod
+from ddp_abci.launch import LaunchError, discover_launch
+from ddp_abci.rendezvous import RendezvousError, check_bindable, interface_address, routable_address
+
+
+@pytest.fixture
+def no_mpi4py(monkeypatch):
+    monkeypatch.setattr(launch_mod, "_have_mpi4py", lambda: False)
+
+
+TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+OMPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+PMI = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+SLURM = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+         "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}
+ADDR = {"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "12345"}
+
+
+def test_torchrun_variables_win_over_other_launchers(no_mpi4py):
+    got = discover_launch(environ={**OMPI, **PMI, **SLURM, **TORCHRUN})
+    assert (got.rank, got.world_size, got.local_rank, got.local_world_size, got.source) == (1, 4, 1, 2, "torchrun")
+    assert (got.master_addr, got.master_port) == ("10.0.0.1", 29500)
+
+
+def test_open_mpi_variables_come_next(no_mpi4py):
+    got = discover_launch(environ={**OMPI, **PMI, **SLURM, **ADDR})
+    assert (got.rank, got.world_size, got.local_rank, got.local_world_size, got.source) == (3, 4, 1, 2, "ompi-env")
+
+
+def test_pmi_variables_of_mpich_and_intel_mpi_come_after_open_mpi(no_mpi4py):
+    got = discover_launch(environ={**PMI, **SLURM, **ADDR})
+    assert (got.rank, got.world_size, got.local_rank, got.local_world_size, got.source) == (2, 4, 0, 2, "pmi-env")
+
+
+def test_slurm_srun_variables_come_last(no_mpi4py):
+    got = discover_launch(environ={**SLURM, **ADDR})
+    assert (got.rank, got.world_size, got.local_rank, got.local_world_size, got.source) == (5, 8, 1, 4, "slurm-env")
+
+
+def test_slurm_batch_script_without_srun_is_one_process(no_mpi4py):
+    got = discover_launch(environ={"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0"})
+    assert (got.world_size, got.source) == (1, "single")
+
+
+def test_nothing_set_means_one_process_on_loopback_with_a_free_port():
+    got = discover_launch(environ={})
+    assert (got.rank, got.world_size, got.source, got.master_addr) == (0, 1, "single", "127.0.0.1")
+    check_bindable(got.master_addr, got.master_port)  # the port is free
+
+
+def test_explicit_arguments_beat_master_addr_and_port(no_mpi4py):
+    got = discover_launch(master_addr="10.1.1.1", master_port=4000, environ={**OMPI, **ADDR})
+    assert (got.master_addr, got.master_port) == ("10.1.1.1", 4000)
+
+
+def test_several_hosts_without_mpi4py_or_master_addr_is_an_error_not_independent_jobs(no_mpi4py):
+    with pytest.raises(LaunchError, match="MASTER_ADDR"):
+        discover_launch(environ=OMPI)
+
+
+def test_one_host_without_mpi4py_uses_loopback_and_the_job_id_port(no_mpi4py):
+    one_host = {**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "PBS_JOBID": "1234.pbs1"}
+    got = discover_launch(environ=one_host)
+    assert (got.master_addr, got.master_port) == ("127.0.0.1", 10000 + 1234)
+
+
+def test_no_port_and_no_job_id_without_mpi4py_is_an_error(no_mpi4py):
+    with pytest.raises(LaunchError, match="MASTER_PORT"):
+        discover_launch(environ={**OMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+
+
+def test_a_non_integer_variable_is_named(no_mpi4py):
+    with pytest.raises(LaunchError, match="WORLD_SIZE='two'"):
+        discover_launch(environ={"RANK": "0", "WORLD_SIZE": "two"})
+
+
+def test_a_port_in_use_is_refused_naming_the_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(RendezvousError, match=f"port {port} .* already in use"):
+            check_bindable("127.0.0.1", port)
+
+
+def test_an_address_of_another_host_is_refused_on_rank_0():
+    with pytest.raises(RendezvousError, match="not an address of rank 0's host"):
+        check_bindable("192.0.2.254", 0)
+
+
+def test_an_interface_is_resolved_to_its_address():
+    assert interface_address("lo") == "127.0.0.1"
+
+
+def test_an_unknown_interface_lists_the_ones_that_exist():
+    with pytest.raises(RendezvousError, match="lo"):
+        interface_address("nosuch0")
+
+
+def test_the_routable_address_is_never_loopback():
+    if all(name == "lo" for _, name in socket.if_nameindex()):
+        pytest.skip("this host has only a loopback interface")
+    assert not routable_address().startswith("127.")

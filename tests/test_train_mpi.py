@@ -1,0 +1,74 @@
+"""The trainer under `mpirun -n 2` on gloo: real processes, real all-reduce."""
+import re
+
+import pytest
+import torch
+
+from helpers import assert_clean, load, run_mpi, same_tensors
+from reference import reference_run
+
+pytestmark = pytest.mark.usefixtures("mpirun_available")
+
+# 400 items, global batch 50 on 2 ranks: 8 steps an epoch, 2 epochs (a reshuffle between).
+SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "2", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    ckpt_dir = tmp_path_factory.mktemp("run")
+    proc = run_mpi(2, *SMALL, "--ckpt-dir", str(ckpt_dir))
+    return proc, load(ckpt_dir / "last.pt")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_run(steps_per_epoch=8, epochs=2, num_items=400, global_batch=50, world=2, seed=3)
+
+
+def test_two_ranks_train_and_exit_0_with_a_clean_log(two_rank_run):
+    proc, _ = two_rank_run
+    assert_clean(proc)
+    assert "world size 2 (local 2), backend gloo, device cpu" in proc.stdout
+    assert re.search(r"rendezvous 127\.0\.0\.1:\d+ \(from mpi4py\)", proc.stdout)
+    assert proc.stdout.count("epoch 2/2:") == 1  # rank 0 logs, rank 1 does not
+
+
+def test_the_logged_epoch_loss_is_the_mean_over_all_ranks(two_rank_run, reference):
+    proc, _ = two_rank_run
+    logged = [float(v) for v in re.findall(r"epoch \d/2: loss ([\d.]+)", proc.stdout)]
+    expected = reference[2]
+    assert logged == pytest.approx(expected, rel=1e-4)
+
+
+def test_the_checkpoint_holds_the_documented_keys(two_rank_run):
+    _, state = two_rank_run
+    for key in ("model", "optimizer", "scaler", "epoch", "step", "world_size", "config"):
+        assert key in state
+    assert (state["epoch"], state["step"], state["world_size"]) == (2, 16, 2)
+    assert state["config"]["global_batch"] == 50
+    assert set(state["model"]) == {"net.0.weight", "net.0.bias", "net.1.weight", "net.1.bias"}
+
+
+def test_ddp_weights_equal_the_averaged_per_rank_gradients_of_a_single_process(two_rank_run, reference):
+    _, state = two_rank_run
+    model, opt, _ = reference
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(state["model"][name], tensor, rtol=1e-4, atol=1e-5)
+    ours = state["optimizer"]["state"]
+    for i, p in enumerate(model.parameters()):
+        torch.testing.assert_close(ours[i]["exp_avg_sq"], opt.state[p]["exp_avg_sq"], rtol=1e-4, atol=1e-3)
+        assert float(ours[i]["step"]) == 16
+
+
+def test_the_same_seed_gives_identical_weights(two_rank_run, tmp_path):
+    proc = run_mpi(2, *SMALL, "--ckpt-dir", str(tmp_path))
+    assert_clean(proc)
+    assert same_tensors(load(tmp_path / "last.pt")["model"], two_rank_run[1]["model"])
+
+
+def test_a_batch_that_does_not_divide_is_one_line_before_any_work():
+    proc = run_mpi(2, "--bs", "51")
+    assert proc.returncode != 0
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
+    assert errors == ["error: global batch 51 does not divide by world size 2; use a multiple of 2, e.g. --bs 50"]
+    assert "training:" not in proc.stdout

@@ -1,0 +1,183 @@
+"""Data, precision, configuration and checkpoint files, one behaviour each."""
+import os
+import signal
+
+import pytest
+import torch
+
+from ddp_abci import checkpoint as ckpt
+from ddp_abci.config import TrainConfig
+from ddp_abci.data import LinspaceDataset, ResumableSampler, build_loader, per_rank_batch
+from ddp_abci.errors import UsageError
+from ddp_abci.launch import Launch
+from ddp_abci.model import SimpleModule
+from ddp_abci.precision import make_scaler, resolve_precision
+from ddp_abci.signals import StopRequest
+
+CPU = torch.device("cpu")
+
+
+def launch(rank=0, world=1):
+    return Launch(rank, world, rank, world, "127.0.0.1", 1, "test")
+
+
+def test_item_i_is_linspace_0_i_of_1000_float32_as_in_the_seed():
+    ds = LinspaceDataset()
+    assert len(ds) == 10000
+    item = ds[7]
+    assert item.dtype == torch.float32 and item.shape == (1000,)
+    assert item[0] == 0 and item[-1] == 7
+
+
+def test_a_batched_fetch_equals_the_items_one_by_one():
+    ds = LinspaceDataset()
+    idx = [0, 1, 5, 9999, 1234, 42]
+    assert torch.equal(ds.__getitems__(idx), torch.stack([ds[i] for i in idx]))
+    assert ds.__getitems__(idx).is_contiguous()
+
+
+def test_the_global_batch_is_split_over_the_ranks():
+    assert per_rank_batch(256, 16) == 16
+
+
+def test_a_batch_that_does_not_divide_names_both_numbers():
+    with pytest.raises(UsageError, match="global batch 50 does not divide by world size 3"):
+        per_rank_batch(50, 3)
+
+
+def test_ranks_take_disjoint_shards_that_cover_the_epoch():
+    ds = LinspaceDataset(num_items=100)
+    seen = []
+    for r in range(2):
+        loader = build_loader(ds, launch(r, 2), 10, seed=3)
+        loader.sampler.start_epoch(0)
+        seen += [int(x[-1]) for batch in loader for x in batch]
+    assert sorted(seen) == list(range(100))
+
+
+def test_each_epoch_is_shuffled_anew():
+    s = ResumableSampler(LinspaceDataset(num_items=100), launch(), seed=0)
+    s.start_epoch(0)
+    first = list(s)
+    s.start_epoch(1)
+    assert list(s) != first
+
+
+def test_skipping_resumes_the_same_order_part_way_through():
+    s = ResumableSampler(LinspaceDataset(num_items=100), launch(), seed=0)
+    s.start_epoch(4)
+    whole = list(s)
+    s.start_epoch(4, skip=30)
+    assert list(s) == whole[30:] and len(s) == 70
+
+
+def test_auto_precision_is_fp32_on_the_cpu():
+    assert resolve_precision("auto", CPU) == "no"
+
+
+def test_auto_precision_is_fp16_on_cuda():
+    assert resolve_precision("auto", torch.device("cuda", 0)) == "fp16"
+
+
+def test_fp16_on_the_cpu_is_refused_naming_the_alternatives():
+    with pytest.raises(UsageError, match="--amp bf16 or --amp no"):
+        resolve_precision("fp16", CPU)
+
+
+def test_an_unknown_precision_lists_the_choices():
+    with pytest.raises(UsageError, match="auto, no, fp16, bf16"):
+        resolve_precision("fp8", CPU)
+
+
+def test_the_grad_scaler_is_active_for_fp16_only():
+    assert not make_scaler("bf16", CPU).is_enabled()
+    assert not make_scaler("no", CPU).is_enabled()
+
+
+def test_resume_without_a_checkpoint_folder_is_refused():
+    with pytest.raises(UsageError, match="--ckpt-dir"):
+        TrainConfig(resume=True)
+
+
+def test_the_config_in_a_checkpoint_is_plain_data():
+    assert TrainConfig().to_dict()["betas"] == [0.0, 0.99]
+
+
+def test_a_stop_signal_is_recorded_not_acted_on():
+    with StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == signal.SIGUSR1
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def _state(model=None):
+    model = model or SimpleModule()
+    return {"format": ckpt.FORMAT, "model": model.state_dict(), "optimizer": {}, "scaler": {}, "epoch": 1,
+            "step": 2, "world_size": 2, "config": {}, "batch_in_epoch": 0, "sampler_epoch": 1,
+            "global_batch": 50, "rng": ckpt.rng_state()}
+
+
+def test_a_checkpoint_round_trips_with_weights_only(tmp_path):
+    path = tmp_path / "last.pt"
+    ckpt.save_atomic(_state(), path)
+    assert ckpt.load_checkpoint(path)["step"] == 2
+
+
+def test_a_write_that_fails_half_way_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    ckpt.save_atomic(_state(), path)
+    before = path.read_bytes()
+
+    def crash(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        ckpt.save_atomic(_state(), path)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["last.pt"]  # no temporary file left behind
+
+
+def test_a_truncated_checkpoint_is_refused_and_left_as_it_is(tmp_path):
+    path = tmp_path / "last.pt"
+    ckpt.save_atomic(_state(), path)
+    data = path.read_bytes()[:1000]
+    path.write_bytes(data)
+    with pytest.raises(ckpt.CheckpointError, match="truncated or not a ddp_abci checkpoint"):
+        ckpt.load_checkpoint(path)
+    assert path.read_bytes() == data
+
+
+def test_a_torch_file_that_is_not_ours_is_refused(tmp_path):
+    path = tmp_path / "last.pt"
+    torch.save({"model": {}}, path)
+    with pytest.raises(ckpt.CheckpointError, match="not a ddp_abci/1 checkpoint"):
+        ckpt.load_checkpoint(path)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_a_crafted_checkpoint_cannot_run_code(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "last.pt"
+    with open(path, "wb") as f:
+        torch.save({"format": ckpt.FORMAT, "model": _Exploit()}, f)
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.load_checkpoint(path)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused_naming_the_tensor(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match=r"net.0.weight: \(64, 1000\)"):
+        ckpt.check_model_shape(_state(SimpleModule(1000, 64)), SimpleModule(), tmp_path / "last.pt")
+
+
+def test_an_unwritable_checkpoint_folder_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ckpt.CheckpointError, match="cannot be written"):
+        ckpt.check_writable(blocker / "ckpt")
