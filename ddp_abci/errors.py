@@ -6,3 +6,7 @@ class UsageError(Exception):
 
     Raised before any training starts, so that nothing is written or overwritten.
     """
+
+    # Most bad input is seen alike by every rank, so only rank 0 prints it; a rank's own
+    # failure (it could not reach rank 0) is printed by that rank.
+    same_on_every_rank = True

@@ -98,15 +98,15 @@ def _from_mpi4py(env: Mapping[str, str], addr: str | None, port: int | None, int
     node.Free()
     # Only rank 0 can tell whether the job spans hosts (its node holds fewer than all ranks),
     # and only rank 0 can check that it can listen; the verdict travels with the broadcast.
+    # Any failure on rank 0 must travel too: the others are already waiting in bcast.
     choice = None
     if rank == 0:
         try:
             chosen = rendezvous.choose_master_addr(spans_hosts=local_size < size, addr=addr, interface=interface)
-            chosen_port = port or rendezvous.free_port(chosen)
-            rendezvous.check_bindable(chosen, chosen_port)
-            choice = (chosen, chosen_port, None)
-        except UsageError as e:
-            choice = (None, None, str(e))
+            rendezvous.check_bindable(chosen, port or 0)
+            choice = (chosen, port or rendezvous.free_port(chosen), None)
+        except Exception as e:
+            choice = (None, None, str(e) if isinstance(e, UsageError) else f"rank 0 could not choose the rendezvous: {e!r}")
     chosen, chosen_port, error = comm.bcast(choice, root=0)
     if error:
         raise rendezvous.RendezvousError(error)

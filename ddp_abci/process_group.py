@@ -14,7 +14,9 @@ from .launch import Launch
 
 
 class RendezvousFailed(UsageError):
-    """The ranks could not meet at the master address and port."""
+    """This rank could not meet the others at the master address and port."""
+
+    same_on_every_rank = False
 
 
 def choose_device(launch: Launch) -> torch.device:

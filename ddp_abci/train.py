@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             return run(config, stop, master_addr=args.master_addr, master_port=args.master_port,
                        interface=args.interface)
         except UsageError as e:
-            if _probably_rank0():
+            if _probably_rank0() or not e.same_on_every_rank:
                 print(f"error: {e}", file=sys.stderr, flush=True)
             return 2
 

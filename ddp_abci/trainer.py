@@ -106,6 +106,8 @@ class Trainer:
                     self._check_resumable(ckpt.load_checkpoint(path))
             except UsageError as e:
                 error = str(e)
+            except Exception as e:  # anything else too: the other ranks wait in the broadcast
+                error = f"checking {path} failed: {e!r}"
         broadcast_error(self.launch, error)
         if path is None or not self.config.resume:
             return None

@@ -30,14 +30,14 @@ def mpirun_cmd(n: int, *args: str, module: str = "ddp_abci.train") -> list[str]:
     return [MPIRUN, "-n", str(n), "--oversubscribe", PYTHON, "-m", module, *args]
 
 
-def run(cmd: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+def run(cmd: list[str], timeout: float = 90, **kw) -> subprocess.CompletedProcess:
     """Run to completion; stdout and stderr merged into .stdout."""
     kw.setdefault("env", env())
     return subprocess.run(cmd, cwd=kw.pop("cwd", REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, **kw)
 
 
-def run_mpi(n: int, *args: str, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+def run_mpi(n: int, *args: str, timeout: float = 90, **kw) -> subprocess.CompletedProcess:
     return run(mpirun_cmd(n, *args), timeout=timeout, **kw)
 
 
