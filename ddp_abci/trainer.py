@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import resource
 import sys
 import time
@@ -74,7 +73,7 @@ class Trainer:
         self.loader = build_loader(dataset, launch, config.global_batch, seed=config.seed,
                                    workers=config.workers, pin_memory=pin,
                                    persistent_workers=config.persistent_workers)
-        self.batches_per_epoch = math.ceil(self.loader.sampler.num_samples / self.per_rank_batch)
+        self.batches_per_epoch = len(self.loader.sampler)
         model = build_model(config.seed, config.dim_in, config.dim_hidden)
         if snapshot is not None:
             ckpt.check_model_shape(snapshot, model, self.ckpt_file)
@@ -185,7 +184,7 @@ class Trainer:
         stopped_by, last_loss, steps_before = 0, float("nan"), self.step
         stop = stop or StopRequest()
         while self.epoch < cfg.epochs and not self._max_steps_reached() and not stopped_by:
-            self.loader.sampler.start_epoch(self.epoch, skip=self.batch_in_epoch * self.per_rank_batch)
+            self.loader.sampler.start_epoch(self.epoch, skip_batches=self.batch_in_epoch)
             last_loss, stopped_by = self._run_epoch(stop)
             if self.batch_in_epoch == self.batches_per_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0

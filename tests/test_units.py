@@ -7,7 +7,7 @@ import torch
 
 from ddp_abci import checkpoint as ckpt
 from ddp_abci.config import TrainConfig
-from ddp_abci.data import LinspaceDataset, ResumableSampler, build_loader, per_rank_batch
+from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, per_rank_batch
 from ddp_abci.errors import UsageError
 from ddp_abci.launch import Launch
 from ddp_abci.model import SimpleModule
@@ -32,8 +32,13 @@ def test_item_i_is_linspace_0_i_of_1000_float32_as_in_the_seed():
 def test_a_batched_fetch_equals_the_items_one_by_one():
     ds = LinspaceDataset()
     idx = [0, 1, 5, 9999, 1234, 42]
-    assert torch.equal(ds.__getitems__(idx), torch.stack([ds[i] for i in idx]))
-    assert ds.__getitems__(idx).is_contiguous()
+    assert torch.equal(ds[idx], torch.stack([ds[i] for i in idx]))
+    assert ds[idx].is_contiguous()
+
+
+def test_the_dataset_works_with_a_plain_dataloader_as_in_the_seed():
+    batch = next(iter(torch.utils.data.DataLoader(LinspaceDataset(), batch_size=4)))
+    assert batch.shape == (4, 1000) and batch[3][-1] == 3
 
 
 def test_the_global_batch_is_split_over_the_ranks():
@@ -51,12 +56,13 @@ def test_ranks_take_disjoint_shards_that_cover_the_epoch():
     for r in range(2):
         loader = build_loader(ds, launch(r, 2), 10, seed=3)
         loader.sampler.start_epoch(0)
+        assert all(len(batch) == 5 for batch in loader)
         seen += [int(x[-1]) for batch in loader for x in batch]
     assert sorted(seen) == list(range(100))
 
 
 def test_each_epoch_is_shuffled_anew():
-    s = ResumableSampler(LinspaceDataset(num_items=100), launch(), seed=0)
+    s = ShardBatchSampler(LinspaceDataset(num_items=100), launch(), 10, seed=0)
     s.start_epoch(0)
     first = list(s)
     s.start_epoch(1)
@@ -64,11 +70,11 @@ def test_each_epoch_is_shuffled_anew():
 
 
 def test_skipping_resumes_the_same_order_part_way_through():
-    s = ResumableSampler(LinspaceDataset(num_items=100), launch(), seed=0)
+    s = ShardBatchSampler(LinspaceDataset(num_items=100), launch(), 10, seed=0)
     s.start_epoch(4)
     whole = list(s)
-    s.start_epoch(4, skip=30)
-    assert list(s) == whole[30:] and len(s) == 70
+    s.start_epoch(4, skip_batches=3)
+    assert list(s) == whole[3:] and len(s) == 7
 
 
 def test_auto_precision_is_fp32_on_the_cpu():

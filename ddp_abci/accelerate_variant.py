@@ -1,0 +1,158 @@
+"""Accelerate variant: the seed's training code with HuggingFace Accelerate, for comparison.
+
+    mpirun -n 2 python -m ddp_abci.accelerate_variant --epochs 1
+
+Same model, data, loss and optimizer as the raw trainer, written the way the seed document
+does it: Accelerator(mixed_precision=..., split_batches=True), prepare(model, loader,
+optimizer), accelerator.backward(loss). Two facts of Accelerate 1.x are dealt with here:
+
+* Accelerator(split_batches=True) is accepted and silently ignored; only
+  DataLoaderConfiguration(split_batches=True) splits each batch over the ranks. The seed's
+  code as written therefore trains with a global batch of bs x world. Default here: the
+  seed's intent (split through DataLoaderConfiguration); --as-written: the seed's code.
+* Under mpirun on a CPU-only machine Accelerate finds no distributed setup unless
+  ACCELERATE_USE_CPU (or cpu=True) is set, and every rank trains alone. This variant passes
+  cpu=True on the CPU and refuses to run when Accelerate sees fewer ranks than mpirun started.
+
+accelerate is imported only when this module runs: the package does not depend on it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+from .errors import UsageError
+from .train import _OneLineParser, _probably_rank0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog="python -m ddp_abci.accelerate_variant",
+                       description="The seed's Accelerate training loop, for comparison with ddp_abci.train.")
+    p.add_argument("--epochs", type=int, default=200)
+    p.add_argument("--bs", type=int, default=50, help="global batch (per-rank batch x world with --as-written)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--amp", default="no", help="Accelerate's mixed_precision: no, fp16 or bf16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=0)
+    p.add_argument("--num-items", type=int, default=10000)
+    p.add_argument("--as-written", action="store_true",
+                   help="Accelerator(split_batches=True) exactly as the seed wrote it (ignored by Accelerate 1.x)")
+    p.add_argument("--summary-json", default=None)
+    return p
+
+
+def _launched_world_size() -> int:
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
+def make_accelerator(amp: str, as_written: bool):
+    """The seed's Accelerator(...), with the two Accelerate 1.x facts made explicit."""
+    import torch
+    from accelerate import Accelerator, DataLoaderConfiguration
+
+    launched = _launched_world_size()
+    if launched > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        # Accelerate initialises with env://; it would stop with a traceback, or take port 29500.
+        raise UsageError("Accelerate needs MASTER_ADDR and MASTER_PORT from the launcher: "
+                         "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<free port>, as the seed's job script does")
+    # cpu=True is what makes Accelerate read Open MPI's variables on a CPU-only machine.
+    cpu = not torch.cuda.is_available()
+    if as_written:
+        accelerator = Accelerator(mixed_precision=amp, split_batches=True, cpu=cpu)
+    else:
+        accelerator = Accelerator(mixed_precision=amp, cpu=cpu,
+                                  dataloader_config=DataLoaderConfiguration(split_batches=True))
+    if accelerator.num_processes != launched:
+        raise UsageError(
+            f"the launcher started {launched} ranks but Accelerate sees {accelerator.num_processes}: each rank "
+            "would train alone; on GPUs start it through scripts/accelerate_env.sh (sets RANK, WORLD_SIZE, LOCAL_RANK)")
+    return accelerator
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        if _probably_rank0():
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from .data import LinspaceDataset
+    from .model import build_model, rmse_loss
+
+    started = time.time()
+    accelerator = make_accelerator(args.amp, args.as_written)
+    world = accelerator.num_processes
+    split = accelerator.split_batches  # what Accelerate will really do, not what was asked
+    if split and args.bs % world:
+        raise UsageError(f"global batch {args.bs} does not divide by world size {world}; use a multiple of {world}")
+    global_batch = args.bs if split else args.bs * world
+    accelerator.print(
+        f"accelerate variant: world size {world}, device {accelerator.device}, precision {args.amp}, "
+        f"{'seed as written: Accelerator(split_batches=True) ignored' if args.as_written else 'seed intent: DataLoaderConfiguration(split_batches=True)'}"
+        f" -> split_batches={split}, global batch {global_batch}")
+
+    model = build_model(args.seed)
+    dataset = LinspaceDataset(num_items=args.num_items)
+    loader = DataLoader(dataset, batch_size=args.bs, shuffle=True, num_workers=args.workers,
+                        pin_memory=torch.cuda.is_available(), persistent_workers=args.workers > 0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.0, 0.99))
+    model, loader, optimizer = accelerator.prepare(model, loader, optimizer)
+
+    steps, timed_samples, t0, first_step, loss_mean = 0, 0, 0.0, None, float("nan")
+    for epoch in range(args.epochs):
+        loss_epoch, batches = torch.zeros((), device=accelerator.device), 0
+        for x in loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = rmse_loss(x, model(x))
+            accelerator.backward(loss)
+            optimizer.step()
+            loss_epoch += loss.detach()
+            steps, batches = steps + 1, batches + 1
+            now = time.perf_counter()
+            if first_step is None:
+                first_step, t0 = time.time(), now
+            else:
+                timed_samples += x.shape[0] * world
+            if args.max_steps and steps >= args.max_steps:
+                break
+        # The seed prints rank 0's own loss; the mean over ranks is what the raw trainer logs.
+        loss_mean = accelerator.reduce(loss_epoch / max(batches, 1), reduction="mean").item()
+        accelerator.print(f"epoch {epoch + 1}/{args.epochs}: loss {loss_mean:.4f} (mean over ranks), global step {steps}")
+        if args.max_steps and steps >= args.max_steps:
+            break
+    elapsed = time.perf_counter() - t0
+    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024], device=accelerator.device)
+    peaks = accelerator.gather(peak).tolist()
+    if accelerator.is_main_process and args.summary_json:
+        import accelerate
+
+        Path(args.summary_json).write_text(json.dumps({
+            "side": "accelerate", "world_size": world, "global_batch": global_batch, "split_batches": split,
+            "precision": args.amp, "steps": steps, "final_loss": loss_mean,
+            "samples_per_s": timed_samples / elapsed if elapsed > 0 and timed_samples else None,
+            "start_unix": started, "first_step_unix": first_step, "peak_mem_mib_per_rank": peaks,
+            "memory_kind": "max_rss", "device": str(accelerator.device), "torch": torch.__version__,
+            "accelerate": accelerate.__version__,
+        }, indent=1) + "\n")
+    accelerator.end_training()  # destroys the process group before exit
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

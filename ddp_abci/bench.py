@@ -1,0 +1,241 @@
+"""Benchmark: the raw trainer against the Accelerate variant on the same job.
+
+    OMPI_ALLOW_RUN_AS_ROOT=1 ... python -m ddp_abci.bench --world-size 2 --bs 50 --epochs 10 --rounds 3
+
+Each round starts every side in a fresh mpirun, sides alternating (A B A B ...) so that a
+machine that warms up or gets busy hurts both alike. Reported per side: median and spread
+of training throughput (samples/s over the timed loop, which excludes the first step),
+time to first step (from mpirun's start), whole-process wall time, peak memory per rank
+and the final loss; then the ratios raw / Accelerate, and each side's throughput as a
+fraction of the compute floor (bench_probes.floor). A side that fails is reported as failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+ACCELERATE_WRAPPER = Path(__file__).resolve().parents[1] / "scripts" / "accelerate_env.sh"
+
+
+def side_command(side: str, args: argparse.Namespace, summary: Path) -> list[str]:
+    """One fresh mpirun per side and round. 'raw1' is the raw trainer on one rank."""
+    world = 1 if side == "raw1" else args.world_size
+    mpirun = [args.mpirun, "-n", str(world), "--oversubscribe", *args.mpirun_args]
+    common = ["--bs", str(args.bs), "--amp", args.amp, "--workers", str(args.workers),
+              "--epochs", str(args.epochs), "--max-steps", str(args.max_steps), "--num-items", str(args.num_items),
+              "--summary-json", str(summary)]
+    if side.startswith("raw"):
+        return [*mpirun, sys.executable, "-m", "ddp_abci.train", *common, *args.raw_args]
+    # Accelerate reads the rendezvous from the environment (env://), as in the seed's job script.
+    port = _free_port()
+    mpirun += ["-x", f"MASTER_ADDR={args.master_addr}", "-x", f"MASTER_PORT={port}"]
+    wrapper = ["bash", str(ACCELERATE_WRAPPER)] if ACCELERATE_WRAPPER.exists() else []
+    amp = "no" if args.amp == "auto" else args.amp
+    common[common.index("--amp") + 1] = amp
+    return [*mpirun, *wrapper, sys.executable, "-m", "ddp_abci.accelerate_variant", *common]
+
+
+def run_side(side: str, args: argparse.Namespace, workdir: Path, round_: int) -> dict:
+    summary = workdir / f"{side}-{round_}.json"
+    cmd = side_command(side, args, summary)
+    started = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
+    wall = time.time() - started
+    if proc.returncode != 0 or not summary.exists():
+        tail = "\n".join(proc.stdout.strip().splitlines()[-5:])
+        return {"side": side, "failed": True, "rc": proc.returncode, "tail": tail}
+    result = json.loads(summary.read_text())
+    result.update(side=side, wall_s=wall, first_step_s=result["first_step_unix"] - started)
+    return result
+
+
+def probe(cmd: list[str], timeout: float) -> dict:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if proc.returncode == 0 and lines else {"failed": True, "tail": proc.stdout[-500:]}
+
+
+def summarise(runs: list[dict]) -> dict:
+    ok = [r for r in runs if not r.get("failed")]
+    if not ok:
+        return {"failed": True, "rounds_failed": len(runs), "tail": runs[-1].get("tail", "")}
+    rates = [r["samples_per_s"] for r in ok]
+    return {
+        "rounds": len(ok), "rounds_failed": len(runs) - len(ok),
+        "samples_per_s": statistics.median(rates), "samples_per_s_min": min(rates), "samples_per_s_max": max(rates),
+        "first_step_s": statistics.median(r["first_step_s"] for r in ok),
+        "wall_s": statistics.median(r["wall_s"] for r in ok),
+        "peak_mem_mib_per_rank": max(max(r["peak_mem_mib_per_rank"]) for r in ok),
+        "final_loss": ok[-1]["final_loss"], "world_size": ok[-1]["world_size"],
+        "global_batch": ok[-1]["global_batch"], "steps": ok[-1]["steps"],
+    }
+
+
+def environment(mpirun: str) -> dict:
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    mpi = subprocess.run([mpirun, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+            "cpu": _cpu_model(), "python": platform.python_version(), "torch": version("torch"),
+            "accelerate": version("accelerate"), "mpi": mpi.stdout.splitlines()[0] if mpi.stdout else None,
+            "mpi4py": version("mpi4py"), "date": time.strftime("%Y-%m-%d")}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def format_table(report: dict) -> str:
+    rows = [("side", "ranks", "samples/s (min-max)", "of floor", "1st step s", "wall s", "peak MiB/rank", "loss")]
+    floor = report["probes"].get("floor", {}).get("samples_per_s")
+    for side, s in report["sides"].items():
+        if s.get("failed"):
+            rows.append((side, "-", f"FAILED ({s['rounds_failed']} rounds)", "", "", "", "", ""))
+            continue
+        rate = f"{s['samples_per_s']:,.0f} ({s['samples_per_s_min']:,.0f}-{s['samples_per_s_max']:,.0f})"
+        rows.append((side, str(s["world_size"]), rate, f"{s['samples_per_s'] / floor:.0%}" if floor else "",
+                     f"{s['first_step_s']:.2f}", f"{s['wall_s']:.2f}", f"{s['peak_mem_mib_per_rank']:.0f}",
+                     f"{s['final_loss']:.3f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for name, value in report["ratios"].items():
+        lines.append(f"{name}: {value:.2f}" if value is not None else f"{name}: n/a (a side failed)")
+    probes = report["probes"]
+    if "floor" in probes and not probes["floor"].get("failed"):
+        lines.append(f"compute floor: {probes['floor']['samples_per_s']:,.0f} samples/s "
+                     f"({probes['floor']['step_ms']:.2f} ms/step, 1 process, {probes['floor']['threads']} threads)")
+    if "allreduce" in probes and not probes["allreduce"].get("failed"):
+        a = probes["allreduce"]
+        lines.append("all-reduce of the gradients alone: " + ", ".join(
+            f"{k[:-3]} {v:.3f} ms" for k, v in a.items() if k.endswith("_ms")))
+    return "\n".join(lines)
+
+
+def ratios(sides: dict) -> dict:
+    def ratio(a: str, b: str, key: str) -> float | None:
+        sa, sb = sides.get(a, {}), sides.get(b, {})
+        if not sa or not sb or sa.get("failed") or sb.get("failed"):
+            return None
+        return sa[key] / sb[key]
+
+    out = {"throughput raw / accelerate": ratio("raw", "accelerate", "samples_per_s"),
+           "wall time raw / accelerate": ratio("raw", "accelerate", "wall_s")}
+    if "raw1" in sides:
+        out[f"throughput raw {sides.get('raw', {}).get('world_size', '')} ranks / 1 rank"] = ratio("raw", "raw1", "samples_per_s")
+    return out
+
+
+def save_chart(report: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    sides = {k: v for k, v in report["sides"].items() if not v.get("failed")}
+    fig, ax = plt.subplots(figsize=(6, 3))
+    names = list(sides)
+    ax.bar(names, [s["samples_per_s"] for s in sides.values()],
+           yerr=[[s["samples_per_s"] - s["samples_per_s_min"] for s in sides.values()],
+                 [s["samples_per_s_max"] - s["samples_per_s"] for s in sides.values()]], capsize=4)
+    floor = report["probes"].get("floor", {}).get("samples_per_s")
+    if floor:
+        ax.axhline(floor, linestyle="--", color="gray", label="compute floor")
+        ax.legend()
+    ax.set_ylabel("samples/s (median, min-max)")
+    ax.set_title(f"global batch {report['config']['bs']}, {report['config']['amp']}, {report['environment']['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ddp_abci.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--bs", type=int, default=50, help="global batch, the same on both sides")
+    p.add_argument("--amp", default="auto")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--max-steps", type=int, default=0)
+    p.add_argument("--num-items", type=int, default=10000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--sides", default="raw,accelerate,raw1", help="comma list of raw, accelerate, raw1 (raw on 1 rank)")
+    p.add_argument("--no-probes", action="store_true", help="skip the compute floor and all-reduce probes")
+    p.add_argument("--raw-args", default="", help="extra arguments for the raw trainer, e.g. '--comm gloo'")
+    p.add_argument("--mpirun", default=shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun")
+    p.add_argument("--mpirun-args", default="", help="extra mpirun arguments, e.g. '--hostfile nodes'")
+    p.add_argument("--master-addr", default="127.0.0.1", help="for the Accelerate side (env://)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    p.add_argument("--out", default="bench-results/bench.json")
+    p.add_argument("--png", default=None, help="chart path (default: next to --out; needs matplotlib)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.raw_args, args.mpirun_args = args.raw_args.split(), args.mpirun_args.split()
+    sides = [s for s in args.sides.split(",") if s]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {s: [] for s in sides}
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.rounds):
+            for side in sides if round_ % 2 == 0 else reversed(sides):  # A B, B A: neither always goes first
+                runs[side].append(run_side(side, args, Path(tmp), round_))
+                r = runs[side][-1]
+                print(f"round {round_ + 1}/{args.rounds} {side}: " + (f"FAILED rc={r['rc']}" if r.get("failed")
+                      else f"{r['samples_per_s']:,.0f} samples/s, wall {r['wall_s']:.1f}s"), flush=True)
+    probes = {}
+    if not args.no_probes:
+        per_rank_threads = max(1, (os.cpu_count() or 1) // args.world_size)
+        probes["floor"] = probe([sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--bs", str(args.bs),
+                                 "--amp", args.amp], args.timeout)
+        probes["floor_per_rank"] = probe([sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--amp", args.amp,
+                                          "--bs", str(args.bs // args.world_size), "--threads", str(per_rank_threads)],
+                                         args.timeout)
+        probes["allreduce"] = probe([args.mpirun, "-n", str(args.world_size), "--oversubscribe", *args.mpirun_args,
+                                     sys.executable, "-m", "ddp_abci.bench_probes", "allreduce"], args.timeout)
+    summary = {side: summarise(r) for side, r in runs.items()}
+    report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "png")},
+              "environment": environment(args.mpirun), "sides": summary, "ratios": ratios(summary),
+              "probes": probes, "runs": runs}
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(format_table(report))
+    print(f"environment: {json.dumps(report['environment'])}")
+    chart = Path(args.png) if args.png else out.with_suffix(".png")
+    print(f"written: {out}" + (f", {chart}" if save_chart(report, chart) else " (no chart: matplotlib not installed)"))
+    return 1 if any(s.get("failed") for s in summary.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Benchmark probes: what this machine allows, measured the same way the trainers run.
+
+    python -m ddp_abci.bench_probes floor --bs 50            # one process, data in memory
+    mpirun -n 2 python -m ddp_abci.bench_probes allreduce    # the gradient all-reduce alone
+
+Each prints one JSON line. The benchmark runs them and reports each trainer's throughput
+as a fraction of the floor, and the all-reduce time against the step time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> dict:
+    """Forward, backward and Adam step of the seed's model in a tight loop on one process,
+    the batch already in memory: no loader, no communication. The throughput no trainer
+    on this machine can beat."""
+    import torch
+
+    from .data import LinspaceDataset
+    from .model import build_model, rmse_loss
+    from .precision import autocast, make_scaler, resolve_precision
+
+    if threads:
+        torch.set_num_threads(threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = resolve_precision(amp, device)
+    model = build_model(0).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.0, 0.99))
+    scaler = make_scaler(precision, device)
+    x = LinspaceDataset()[list(range(global_batch))].to(device)
+
+    def step() -> None:
+        with autocast(precision, device):
+            loss = rmse_loss(x, model(x))
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    for _ in range(20):  # warm-up: allocator, kernels, Adam state
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    return {"probe": "floor", "samples_per_s": steps * global_batch / seconds, "step_ms": 1e3 * seconds / steps,
+            "threads": torch.get_num_threads(), "device": str(device), "precision": precision}
+
+
+def allreduce_time(iters: int, backends: list[str]) -> dict:
+    """Mean time of one all-reduce of a buffer the size of the model's gradients, on the
+    process group (gloo or NCCL, as DDP uses it) and through mpi4py when available."""
+    import torch
+    import torch.distributed as dist
+
+    from .launch import discover_launch
+    from .model import SimpleModule
+    from .process_group import process_group
+
+    numel = sum(p.numel() for p in SimpleModule().parameters())
+    launch = discover_launch()
+    out = {"probe": "allreduce", "world_size": launch.world_size, "bytes": numel * 4}
+    with process_group(launch) as device:
+        buf = torch.ones(numel, device=device)
+        if "pg" in backends:
+            out[f"{dist.get_backend()}_ms"] = _time(lambda: dist.all_reduce(buf), iters, device)
+        if "mpi" in backends and device.type == "cpu":
+            from mpi4py import MPI
+
+            arr = buf.numpy()
+            out["mpi_ms"] = _time(lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM), iters, device)
+    if launch.is_main:
+        return out
+    return {}
+
+
+def _time(fn, iters: int, device) -> float:
+    for _ in range(10):
+        fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return 1e3 * (time.perf_counter() - t0) / iters
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddp_abci.bench_probes")
+    sub = p.add_subparsers(dest="probe", required=True)
+    f = sub.add_parser("floor")
+    f.add_argument("--bs", type=int, default=50)
+    f.add_argument("--steps", type=int, default=300)
+    f.add_argument("--threads", type=int, default=None)
+    f.add_argument("--amp", default="auto")
+    a = sub.add_parser("allreduce")
+    a.add_argument("--iters", type=int, default=300)
+    a.add_argument("--backends", default="pg,mpi")
+    args = p.parse_args(argv)
+    if args.probe == "floor":
+        result = compute_floor(args.bs, args.steps, args.threads, args.amp)
+    else:
+        result = allreduce_time(args.iters, args.backends.split(","))
+    if result:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

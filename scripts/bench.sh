@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Benchmark wrapper: raw DDP against the Accelerate variant, each round a fresh mpirun.
+# Arguments go to `python -m ddp_abci.bench` (see --help). On a cluster node, run it inside
+# a job (e.g. after the module loads of scripts/abci/train_abci3.sh) with PYTHON set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # harmless when not root
+exec "$PYTHON" -m ddp_abci.bench "$@"

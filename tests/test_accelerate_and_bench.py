@@ -1,0 +1,73 @@
+"""The Accelerate variant really trains distributed, and the benchmark reports both sides."""
+import json
+import re
+import socket
+
+import pytest
+
+from helpers import MPIRUN, PYTHON, run
+
+pytest.importorskip("accelerate", reason="accelerate comes with the test extra: scripts/setup.sh installs it")
+pytestmark = pytest.mark.usefixtures("mpirun_available")
+
+SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "1"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def accelerate_run(*args):
+    cmd = [MPIRUN, "-n", "2", "--oversubscribe", "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={_free_port()}",
+           PYTHON, "-m", "ddp_abci.accelerate_variant", *SMALL, *args]
+    return run(cmd)
+
+
+def test_the_variant_trains_distributed_with_the_seeds_intended_global_batch():
+    proc = accelerate_run()
+    assert proc.returncode == 0, proc.stdout
+    assert "world size 2" in proc.stdout and "split_batches=True, global batch 50" in proc.stdout
+    # 400 items / global batch 50 = 8 steps; a rank training alone would take 16.
+    assert "global step 8" in proc.stdout
+
+
+def test_the_seed_as_written_trains_with_bs_times_world_and_says_so():
+    proc = accelerate_run("--as-written")
+    assert proc.returncode == 0, proc.stdout
+    assert "Accelerator(split_batches=True) ignored -> split_batches=False, global batch 100" in proc.stdout
+    assert "global step 4" in proc.stdout
+
+
+def test_the_variant_refuses_to_start_without_the_rendezvous_variables():
+    proc = run(
+        [MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "-m", "ddp_abci.accelerate_variant", *SMALL])
+    assert proc.returncode != 0
+    assert "Accelerate needs MASTER_ADDR and MASTER_PORT" in proc.stdout
+
+
+def _bench(tmp_path, *extra):
+    out = tmp_path / "bench.json"
+    proc = run([PYTHON, "-m", "ddp_abci.bench", "--rounds", "1", "--sides", "raw,accelerate", "--no-probes",
+                *SMALL, "--out", str(out), *extra], timeout=240)
+    return proc, json.loads(out.read_text())
+
+
+def test_a_tiny_benchmark_reports_both_sides_and_their_ratio(tmp_path):
+    proc, report = _bench(tmp_path)
+    assert proc.returncode == 0, proc.stdout
+    for side in ("raw", "accelerate"):
+        s = report["sides"][side]
+        assert s["samples_per_s"] > 0 and s["first_step_s"] > 0 and s["wall_s"] > s["first_step_s"]
+        assert s["world_size"] == 2 and s["global_batch"] == 50 and len(report["runs"][side]) == 1
+    assert report["ratios"]["throughput raw / accelerate"] > 0
+    assert report["environment"]["torch"] and report["environment"]["accelerate"]
+    assert re.search(r"throughput raw / accelerate: \d+\.\d\d", proc.stdout)
+
+
+def test_a_failing_side_is_reported_as_failed_not_as_a_number(tmp_path):
+    proc, report = _bench(tmp_path, "--raw-args", "--dim-in 0")
+    assert proc.returncode == 1
+    assert report["sides"]["raw"]["failed"] and report["ratios"]["throughput raw / accelerate"] is None
+    assert re.search(r"^raw +- +FAILED", proc.stdout, re.M)
