@@ -21,7 +21,7 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str) 
     import torch
 
     from .data import LinspaceDataset
-    from .model import build_model, rmse_loss
+    from .model import build_model, build_optimizer, rmse_loss
     from .precision import autocast, make_scaler, resolve_precision
 
     if threads:
@@ -29,7 +29,7 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str) 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_precision(amp, device)
     model = build_model(0).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.0, 0.99))
+    optimizer = build_optimizer(model, 1e-4, (0.0, 0.99))
     scaler = make_scaler(precision, device)
     x = LinspaceDataset()[list(range(global_batch))].to(device)
 
@@ -70,11 +70,16 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
         buf = torch.ones(numel, device=device)
         if "pg" in backends:
             out[f"{dist.get_backend()}_ms"] = _time(lambda: dist.all_reduce(buf), iters, device)
+            flag = torch.zeros(1, dtype=torch.int32, device=device)
+            out[f"stop_flag_{dist.get_backend()}_ms"] = _time(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), iters, device)
         if "mpi" in backends and device.type == "cpu":
             from mpi4py import MPI
 
+            from .comm_hook import mpi_max
+
             arr = buf.numpy()
             out["mpi_ms"] = _time(lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM), iters, device)
+            out["stop_flag_mpi_ms"] = _time(lambda: mpi_max(0), iters, device)
     if launch.is_main:
         return out
     return {}

@@ -29,6 +29,7 @@ class TrainConfig:
     log_every_s: float = 10.0         # progress lines inside long epochs, rank 0 only
     stop_check_every: int = 8         # steps between the ranks' agreement on a stop signal
     summary_json: str | None = None   # rank 0 writes the run's figures here (the benchmark reads it)
+    comm: str = "auto"                # gradient all-reduce: auto (NCCL on GPUs, MPI on CPUs under mpirun), mpi, gloo
 
     def __post_init__(self) -> None:
         positive = {"epochs": self.epochs, "--bs": self.global_batch, "dim_in": self.dim_in,

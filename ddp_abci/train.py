@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=float, default=d.log_every_s, dest="log_every_s",
                    help="seconds between progress lines inside an epoch")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the run's figures here")
+    p.add_argument("--comm", default=d.comm,
+                   help="gradient all-reduce: auto (NCCL on GPUs, MPI on the CPU under mpirun, else gloo), mpi, gloo")
     p.add_argument("--dim-in", type=int, default=d.dim_in)
     p.add_argument("--dim-hidden", type=int, default=d.dim_hidden)
     p.add_argument("--num-items", type=int, default=d.num_items)
@@ -60,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         max_steps=args.max_steps, ckpt_dir=args.ckpt_dir, resume=args.resume, timeout_s=args.timeout_s,
         dim_in=args.dim_in, dim_hidden=args.dim_hidden, num_items=args.num_items,
         log_every_s=args.log_every_s, stop_check_every=args.stop_check_every, summary_json=args.summary_json,
+        comm=args.comm,
     )
 
 
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) -> int:
     """Discover the launch, check what can be checked without the others, train, tear down."""
     # Imported here so that `--help` and bad flags answer without loading torch.
+    from .comm_hook import resolve_comm
     from .data import per_rank_batch
     from .launch import discover_launch
     from .precision import resolve_precision
@@ -89,12 +93,14 @@ def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) 
 
     launch = discover_launch(**launch_options)
     per_rank_batch(config.global_batch, launch.world_size)
-    resolve_precision(config.amp, choose_device(launch))
+    device = choose_device(launch)
+    resolve_precision(config.amp, device)
+    resolve_comm(config.comm, launch, device)
     with process_group(launch, timeout_s=config.timeout_s) as device:
         import torch.distributed as dist
 
         log(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
-                    f"backend {dist.get_backend()}, device {device}, "
+                    f"backend {dist.get_backend()}, gradients via {resolve_comm(config.comm, launch, device)}, device {device}, "
                     f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
         return Trainer(config, launch, device).run(stop)
 

@@ -11,11 +11,12 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint as ckpt
+from .comm_hook import mpi_max, register_mpi_hook, resolve_comm
 from .config import TrainConfig
 from .data import LinspaceDataset, build_loader, per_rank_batch
 from .errors import UsageError
 from .launch import Launch
-from .model import build_model, rmse_loss, unwrap, wrap_model
+from .model import build_model, build_optimizer, rmse_loss, unwrap, wrap_model
 from .precision import autocast, make_scaler, resolve_precision
 from .signals import EXIT_STOPPED, StopRequest, signal_name
 
@@ -79,7 +80,10 @@ class Trainer:
             ckpt.check_model_shape(snapshot, model, self.ckpt_file)
             model.load_state_dict(snapshot["model"])  # before DDP: it broadcasts rank 0's weights
         self.model = wrap_model(model, device, launch.world_size)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, betas=config.betas)
+        self.comm = resolve_comm(config.comm, launch, device)
+        if launch.world_size > 1 and self.comm == "mpi":
+            register_mpi_hook(self.model)
+        self.optimizer = build_optimizer(self.model, config.lr, config.betas)
         self.scaler = make_scaler(self.precision, device)
         if snapshot is not None:
             self._load_snapshot(snapshot)
@@ -237,9 +241,12 @@ class Trainer:
         """
         if self.step % self.config.stop_check_every:
             return 0
+        if self.launch.world_size == 1:
+            return stop.received
+        if self.comm == "mpi":
+            return mpi_max(stop.received)
         flag = torch.tensor([stop.received], dtype=torch.int32, device=self.device)
-        if self.launch.world_size > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
 
     def _epoch_report(self, loss_sum: torch.Tensor, batches: int, skipped: int, elapsed: float) -> float:

@@ -21,7 +21,8 @@ def env(**extra: str) -> dict[str, str]:
     """The test process's environment, minus launcher variables that would leak into the job,
     plus what Open MPI needs to start as root (tests and scripts set it, never the library)."""
     e = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
-    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1")
+    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
+             OMPI_MCA_btl="self,sm,tcp")  # MPI_Init 0.1 s instead of 1.1 s (scripts/run_local.sh)
     e.update(extra)
     return e
 

@@ -1,0 +1,65 @@
+"""Gradient all-reduce through MPI: a DDP communication hook for CPU jobs started by mpirun.
+
+Measured on 2 ranks of a 2-core machine (bench_probes allreduce): gloo all-reduced the
+model's 0.8 MB of gradients in about 2 ms, more than the step's compute; Open MPI's
+Allreduce of the same buffer took about 0.12 ms, through shared memory. DDP keeps doing
+everything else (bucketing, overlapping with backward, the initial broadcast on gloo);
+only the bucket's all-reduce goes through mpi4py.
+"""
+# No `from __future__ import annotations` here: DDP checks the hook's annotations as objects.
+import torch
+import torch.distributed as dist
+
+from .errors import UsageError
+from .launch import Launch
+
+COMM_CHOICES = ("auto", "mpi", "gloo", "nccl")
+
+
+def resolve_comm(comm: str, launch: Launch, device: torch.device) -> str:
+    """auto: NCCL on GPUs; MPI on the CPU when mpirun started the job (mpi4py is there); else gloo."""
+    if comm not in COMM_CHOICES:
+        raise UsageError(f"unknown --comm {comm!r}; use one of {', '.join(COMM_CHOICES)}")
+    if comm == "auto":
+        if device.type == "cuda":
+            return "nccl"
+        return "mpi" if launch.source == "mpi4py" and launch.world_size > 1 else "gloo"
+    if comm == "mpi" and (device.type != "cpu" or launch.source != "mpi4py"):
+        raise UsageError("--comm mpi needs a CPU job started by mpirun with mpi4py; use --comm auto")
+    if comm == "nccl" and device.type != "cuda":
+        raise UsageError("--comm nccl needs CUDA GPUs; use --comm auto on the CPU")
+    if comm == "gloo" and device.type == "cuda":
+        raise UsageError("gradients on GPUs go through NCCL here; use --comm auto")
+    return comm
+
+
+def mpi_allreduce_hook(comm, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average one gradient bucket over all ranks, in place, as DDP's default hook does
+    (divide by the world size, sum). DDP hands buckets to the hook in the same order on
+    every rank, so the blocking Allreduce calls pair up."""
+    from mpi4py import MPI
+
+    buffer = bucket.buffer()
+    buffer.div_(comm.Get_size())
+    comm.Allreduce(MPI.IN_PLACE, buffer.numpy(), op=MPI.SUM)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+def mpi_max(value: int) -> int:
+    """MAX of an int over all ranks through MPI: about 10 us here, where a gloo all-reduce
+    of one element costs a few hundred (it is the trainer's per-step stop agreement)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.allreduce(value, op=MPI.MAX)
+
+
+def register_mpi_hook(ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
+    """Route ddp_model's gradient all-reduce through MPI.COMM_WORLD."""
+    from mpi4py import MPI
+
+    for p in ddp_model.parameters():
+        if p.dtype not in (torch.float32, torch.float64):
+            raise UsageError(f"--comm mpi all-reduces float32/float64 gradients only, not {p.dtype}; use --comm gloo")
+    ddp_model.register_comm_hook(MPI.COMM_WORLD, mpi_allreduce_hook)
