@@ -4,8 +4,8 @@
 #   mpirun -x MASTER_ADDR=$(hostname) -x MASTER_PORT=$PORT ... scripts/accelerate_env.sh python -m ddp_abci.accelerate_variant
 # The raw trainer needs none of this: mpi4py gives it rank, size and the address.
 set -euo pipefail
-: "${OMPI_COMM_WORLD_RANK:?start this under Open MPI's mpirun}"
-: "${MASTER_ADDR:?pass rank 0's host: mpirun -x MASTER_ADDR=<host>}"
+: "${OMPI_COMM_WORLD_RANK:?start this under the mpirun of Open MPI}"
+: "${MASTER_ADDR:?pass the host of rank 0: mpirun -x MASTER_ADDR=HOST}"
 export RANK=$OMPI_COMM_WORLD_RANK
 export WORLD_SIZE=$OMPI_COMM_WORLD_SIZE
 export LOCAL_RANK=$OMPI_COMM_WORLD_LOCAL_RANK

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv and run the test suite. pytest's exit 5 ("no tests collected") fails too.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh || exit 1
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -28,7 +28,7 @@ def reference():
 def test_two_ranks_train_and_exit_0_with_a_clean_log(two_rank_run):
     proc, _ = two_rank_run
     assert_clean(proc)
-    assert "world size 2 (local 2), backend gloo, device cpu" in proc.stdout
+    assert "world size 2 (local 2), backend gloo, gradients via mpi, device cpu" in proc.stdout
     assert re.search(r"rendezvous 127\.0\.0\.1:\d+ \(from mpi4py\)", proc.stdout)
     assert proc.stdout.count("epoch 2/2:") == 1  # rank 0 logs, rank 1 does not
 
@@ -72,3 +72,12 @@ def test_a_batch_that_does_not_divide_is_one_line_before_any_work():
     errors = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
     assert errors == ["error: global batch 51 does not divide by world size 2; use a multiple of 2, e.g. --bs 50"]
     assert "training:" not in proc.stdout
+
+
+def test_gradients_through_mpi_equal_the_gloo_path_to_float_precision(two_rank_run, tmp_path):
+    proc = run_mpi(2, *SMALL, "--ckpt-dir", str(tmp_path), "--comm", "gloo")
+    assert_clean(proc)
+    assert "gradients via gloo" in proc.stdout and "gradients via mpi" in two_rank_run[0].stdout
+    via_gloo = load(tmp_path / "last.pt")["model"]
+    for name, tensor in two_rank_run[1]["model"].items():
+        torch.testing.assert_close(via_gloo[name], tensor, rtol=1e-6, atol=1e-7)

@@ -1,0 +1,118 @@
+# shellcheck shell=bash
+# Shared by the job scripts (scripts/abci/*.sh, scripts/slurm/train.sbatch): node list,
+# ranks per node, container wrapper, and an mpirun that stops cleanly on walltime.
+# The caller sets REPO and JOB_NUM, and NODEFILE (one host per line, repeats allowed).
+#
+# Settings (environment variables):
+#   CONTAINER       .sif image, or "none" to run on the host's Python (default $REPO/ddp_abci.sif)
+#   NPROC_PER_NODE  ranks per node (default: one per GPU, else 2 on a CPU-only host)
+#   PYTHON          Python to run (default python3; the image's python3 with a container)
+#   MPIRUN          mpirun to use (default mpirun: the host's, e.g. HPC-X on ABCI)
+#   MPI_ARGS        extra mpirun arguments
+#   IFNAME          network interface for rank 0's address (e.g. bond0 on ABCI 3.0)
+#   CKPT_DIR        checkpoint folder; when set, runs resume from it (resubmit the same job)
+#   TRAIN_ARGS      extra trainer arguments (qsub -v TRAIN_ARGS="--epochs 10"); script arguments too
+#   BINDS           extra singularity bind paths, comma separated
+
+die() {
+    echo "$(basename "$0"): error: $*" >&2
+    exit 2
+}
+
+# NODES: unique hosts in node-file order (PBS and SGE repeat a host once per slot).
+read_nodes() {
+    [ -n "${NODEFILE:-}" ] || die "no node file: run inside a job or set NODEFILE (a file with one host per line)"
+    [ -r "$NODEFILE" ] || die "node file $NODEFILE cannot be read"
+    mapfile -t NODES < <(awk 'NF && !seen[$1]++ {print $1}' "$NODEFILE")
+    [ "${#NODES[@]}" -gt 0 ] || die "node file $NODEFILE lists no hosts"
+}
+
+# GPUs counted, never matched by name: the seed's V100/A100 test broke on any other GPU.
+gpus_on_this_node() {
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true
+    else
+        echo 0
+    fi
+}
+
+ranks_per_node() {
+    local gpus
+    if [ -n "${NPROC_PER_NODE:-}" ]; then
+        [[ "$NPROC_PER_NODE" =~ ^[1-9][0-9]*$ ]] || die "NPROC_PER_NODE=$NPROC_PER_NODE is not a positive integer"
+        echo "$NPROC_PER_NODE"
+        return
+    fi
+    gpus=$(gpus_on_this_node)
+    if [ "$gpus" -gt 0 ]; then echo "$gpus"; else echo 2; fi
+}
+
+# Every setting checked before anything loads or starts: one line names what is wrong.
+check_settings() {
+    read_nodes
+    PER_NODE=$(ranks_per_node)
+    if [ "${CONTAINER}" != none ] && [ ! -r "$CONTAINER" ]; then
+        die "container image $CONTAINER not found: build it (scripts/container/) or set CONTAINER=none"
+    fi
+}
+
+# The command each rank runs: python directly, or through `singularity exec` in the image.
+# The host's mpirun starts one `singularity exec` per rank (ABCI's hybrid model): the MPI
+# inside the image must be ABI-compatible with the host's (Open MPI 4.1 for HPC-X 2.20).
+rank_command() {
+    if [ "${CONTAINER}" = none ]; then
+        RANK_CMD=("${PYTHON:-python3}")
+        return
+    fi
+    command -v singularity >/dev/null 2>&1 || die "singularity not found: load its module or set CONTAINER=none"
+    local binds="$REPO${BINDS:+,$BINDS}${CKPT_DIR:+,$(dirname "$(realpath -m "$CKPT_DIR")")}"
+    RANK_CMD=(singularity exec --nv --bind "$binds" --pwd "$REPO" "$CONTAINER" "${PYTHON:-python3}")
+}
+
+write_hostfile() {  # one "host slots=N" line per node
+    HOSTFILE=$(mktemp "${TMPDIR:-/tmp}/ddp_abci_hosts.XXXXXX")
+    for node in "${NODES[@]}"; do echo "$node slots=$1"; done >"$HOSTFILE"
+}
+
+load_modules() {  # MODULES: space-separated; skipped where the module system is absent
+    [ -n "${MODULES:-}" ] || return 0
+    if [ -f /etc/profile.d/modules.sh ]; then
+        # shellcheck disable=SC1091
+        source /etc/profile.d/modules.sh
+        # shellcheck disable=SC2086
+        module load $MODULES
+    else
+        echo "$(basename "$0"): no module system here; not loading: $MODULES" >&2
+    fi
+}
+
+# Start mpirun and wait. SIGTERM at walltime is turned into SIGUSR1 for mpirun: Open MPI
+# forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM it forwards, then
+# ends the job and its output (ranks' last lines lost, a slow checkpoint cut short).
+launch_training() {
+    local per_node=$PER_NODE np=$(( ${#NODES[@]} * PER_NODE ))
+    rank_command
+    write_hostfile "$per_node"
+    local train=(-m ddp_abci.train)
+    [ -n "${IFNAME:-}" ] && train+=(--interface "$IFNAME")
+    [ -n "${CKPT_DIR:-}" ] && train+=(--ckpt-dir "$CKPT_DIR" --resume)
+    # shellcheck disable=SC2206
+    local extra_mpi=(${MPI_ARGS:-}) extra_train=(${TRAIN_ARGS:-})
+    echo "job $JOB_NUM: ${#NODES[@]} node(s) x $per_node rank(s) = $np, container ${CONTAINER}"
+    "${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" --map-by "ppr:${per_node}:node" \
+        -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} -x TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "${extra_mpi[@]}" \
+        "${RANK_CMD[@]}" "${train[@]}" "${extra_train[@]}" "$@" &
+    local pid=$! rc=0
+    trap 'kill -USR1 "$pid" 2>/dev/null' TERM USR1
+    wait "$pid" || rc=$?
+    while kill -0 "$pid" 2>/dev/null; do  # a trapped signal interrupts wait: wait again
+        rc=0
+        wait "$pid" || rc=$?
+    done
+    trap - TERM USR1
+    rm -f "$HOSTFILE"
+    if [ "$rc" -eq 75 ]; then
+        echo "job $JOB_NUM: stopped early with a checkpoint; resubmit with the same CKPT_DIR to continue"
+    fi
+    return "$rc"
+}

