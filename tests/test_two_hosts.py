@@ -1,0 +1,144 @@
+"""Two hosts on one machine: the multi-node path end to end.
+
+Two network namespaces joined by a veth pair stand for two nodes, each with its own
+address and host name. mpirun runs on the first; an ssh stand-in starts the second
+host's daemon inside the other namespace. Everything made here is removed afterwards.
+"""
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from helpers import MPIRUN, PYTHON, REPO, env, load
+
+NET, A, B, UNREACHABLE = "10.77.0.0/24", "10.77.0.1", "10.77.0.2", "10.77.1.1"
+
+
+def _sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+class TwoHosts:
+    def __init__(self, tmp: Path) -> None:
+        tag = secrets.token_hex(2)
+        self.ns = {"hosta": f"dab{tag}a", "hostb": f"dab{tag}b"}
+        self.iface_a, self.iface_b = f"dab{tag}a", f"dab{tag}b"
+        self.agent = tmp / "ssh-agent"
+        self.made: list[str] = []
+
+    def up(self) -> None:
+        for ns in self.ns.values():
+            _sh("ip", "netns", "add", ns)
+            self.made.append(ns)
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
+            # IPv4-mapped entries too: the rendezvous store listens on IPv6 and looks peers up by them.
+            Path(f"/etc/netns/{ns}/hosts").write_text(
+                f"127.0.0.1 localhost\n{A} hosta\n{B} hostb\n::ffff:{A} hosta\n::ffff:{B} hostb\n")
+        a, b = self.ns["hosta"], self.ns["hostb"]
+        _sh("ip", "link", "add", self.iface_a, "netns", a, "type", "veth", "peer", "name", self.iface_b, "netns", b)
+        _sh("ip", "-n", a, "addr", "add", f"{A}/24", "dev", self.iface_a)
+        _sh("ip", "-n", b, "addr", "add", f"{B}/24", "dev", self.iface_b)
+        # An address of host A's that host B has no route to.
+        _sh("ip", "-n", a, "addr", "add", f"{UNREACHABLE}/32", "dev", "lo")
+        for ns, iface in ((a, self.iface_a), (b, self.iface_b)):
+            _sh("ip", "-n", ns, "link", "set", iface, "up")
+        self.agent.write_text(textwrap.dedent(f"""\
+            #!/bin/sh
+            # ssh stand-in for Open MPI: AGENT [options] HOST COMMAND runs COMMAND on HOST's namespace.
+            while [ "${{1#-}}" != "$1" ]; do shift; done
+            host=$1; shift
+            case $host in hosta) ns={a} ;; hostb) ns={b} ;; *) echo "no host $host" >&2; exit 255 ;; esac
+            exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec sh -c "$1"' "$host" "$*"
+            """))
+        self.agent.chmod(0o755)
+
+    def down(self) -> None:
+        for ns in self.made:
+            pids = subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), 9)
+                except (ProcessLookupError, ValueError):
+                    pass
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+
+    def mpi_args(self) -> list[str]:
+        return ["--prtemca", "plm_ssh_agent", str(self.agent), "--mca", "btl_tcp_if_include", NET,
+                "--prtemca", "oob_tcp_if_include", NET, "-x", "PATH"]
+
+    def on_host_a(self, cmd: list[str], timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
+        """Run cmd as host A (its namespace and host name), output merged."""
+        wrapped = ["ip", "netns", "exec", self.ns["hosta"], "unshare", "--uts", "sh", "-c",
+                   'hostname hosta; exec "$@"', "sh", *cmd]
+        return subprocess.run(wrapped, cwd=REPO, env=env(**extra_env), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+    def mpirun(self, *train_args: str, mpi_extra=(), **extra_env: str) -> subprocess.CompletedProcess:
+        hostfile = self.agent.with_name("hosts")
+        hostfile.write_text("hosta slots=1\nhostb slots=1\n")
+        cmd = [MPIRUN, "-n", "2", "--hostfile", str(hostfile), "--map-by", "ppr:1:node", *self.mpi_args(),
+               *mpi_extra, PYTHON, "-m", "ddp_abci.train", *train_args]
+        return self.on_host_a(cmd, **extra_env)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.skip("two-host test needs root for network namespaces")
+    for tool in ("ip", "unshare"):
+        if not shutil.which(tool):
+            pytest.skip(f"two-host test needs `{tool}` (iproute2 / util-linux)")
+    h = TwoHosts(tmp_path_factory.mktemp("two-hosts"))
+    try:
+        h.up()
+    except subprocess.CalledProcessError as e:
+        h.down()
+        pytest.skip(f"cannot make network namespaces here: {e.stdout.strip()}")
+    yield h
+    h.down()
+
+
+SMALL = ["--epochs", "2", "--num-items", "400", "--timeout", "30"]
+
+
+def test_two_hosts_meet_at_host_a_network_address_and_end_with_identical_weights(hosts, tmp_path):
+    proc = hosts.mpirun(*SMALL, "--ckpt-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout
+    assert "world size 2 (local 1)" in proc.stdout  # one rank per host: the job spans hosts
+    assert re.search(rf"rendezvous {re.escape(A)}:\d+ \(from mpi4py\)", proc.stdout), proc.stdout
+    assert "replicas agree: identical weights on all 2 ranks" in proc.stdout
+    for bad in ("Traceback", "terminate called", "[W", "[E"):
+        assert bad not in proc.stdout, proc.stdout
+    assert load(tmp_path / "last.pt")["step"] == 16
+
+
+def test_a_named_interface_gives_rank_0s_address(hosts):
+    proc = hosts.mpirun(*SMALL, "--interface", hosts.iface_a)
+    assert proc.returncode == 0, proc.stdout
+    assert f"rendezvous {A}:" in proc.stdout
+
+
+def test_a_master_address_host_b_cannot_reach_fails_within_the_timeout_naming_it(hosts):
+    proc = hosts.mpirun("--epochs", "1", "--timeout", "5", mpi_extra=["-x", f"MASTER_ADDR={UNREACHABLE}"])
+    assert proc.returncode != 0
+    assert re.search(rf"rank 1 could not meet the others at {re.escape(UNREACHABLE)}:\d+ within 5s", proc.stdout), proc.stdout
+
+
+def test_the_abci3_job_script_trains_across_both_hosts(hosts, tmp_path):
+    nodefile = tmp_path / "PBS_NODEFILE"
+    nodefile.write_text("hosta\nhostb\n")
+    venv_bin = str(Path(PYTHON).parent)
+    proc = hosts.on_host_a(
+        ["bash", "scripts/abci/train_abci3.sh", *SMALL],
+        PATH=f"{venv_bin}:{os.environ['PATH']}", PBS_NODEFILE=str(nodefile), PBS_JOBID="4321.pbs1",
+        CONTAINER="none", NPROC_PER_NODE="1", PYTHON=PYTHON, MPIRUN=MPIRUN, MPI_ARGS=" ".join(hosts.mpi_args()))
+    assert proc.returncode == 0, proc.stdout
+    assert "job 4321: 2 node(s) x 1 rank(s) = 2" in proc.stdout
+    assert f"rendezvous {A}:" in proc.stdout and "replicas agree" in proc.stdout
