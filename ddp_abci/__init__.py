@@ -2,9 +2,9 @@
 
 The embedding API, one function per step (each in the module named for its concern):
 
-    from ddp_abci import discover_launch, process_group, build_model, wrap_model, build_loader
+    from ddp_abci import discover_launch, distributed, build_model, wrap_model, build_loader
     launch = discover_launch()                      # launch.py: rank, sizes, rendezvous
-    with process_group(launch) as device:           # process_group.py: NCCL or gloo, torn down on exit
+    with distributed(launch) as device:           # process_group.py: NCCL or gloo, torn down on exit
         model = wrap_model(build_model(seed=0), device, launch.world_size)   # model.py
         loader = build_loader(LinspaceDataset(), launch, global_batch=50)      # data.py
         precision = resolve_precision("auto", device)                          # precision.py
@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Launch": "launch", "discover_launch": "launch",
     "open_process_group": "process_group", "close_process_group": "process_group",
-    "process_group": "process_group", "choose_device": "process_group",
+    "distributed": "process_group", "choose_device": "process_group",
     "LinspaceDataset": "data", "build_loader": "data", "per_rank_batch": "data",
     "SimpleModule": "model", "build_model": "model", "wrap_model": "model", "unwrap": "model",
     "rmse_loss": "model",

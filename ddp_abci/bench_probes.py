@@ -61,12 +61,12 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
 
     from .launch import discover_launch
     from .model import SimpleModule
-    from .process_group import process_group
+    from .process_group import distributed
 
     numel = sum(p.numel() for p in SimpleModule().parameters())
     launch = discover_launch()
     out = {"probe": "allreduce", "world_size": launch.world_size, "bytes": numel * 4}
-    with process_group(launch) as device:
+    with distributed(launch) as device:
         buf = torch.ones(numel, device=device)
         if "pg" in backends:
             out[f"{dist.get_backend()}_ms"] = _time(lambda: dist.all_reduce(buf), iters, device)

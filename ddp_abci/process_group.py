@@ -87,8 +87,11 @@ def close_process_group() -> None:
 
 
 @contextlib.contextmanager
-def process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str | None = None) -> Iterator[torch.device]:
-    """`with process_group(launch) as device:` opens the group, and closes it on any exit."""
+def distributed(launch: Launch, *, timeout_s: float = 120.0, backend: str | None = None) -> Iterator[torch.device]:
+    """`with distributed(launch) as device:` opens the process group and closes it on any exit.
+
+    (Not named process_group: that is this module's name, and `from ddp_abci import
+    process_group` would then return the module.)"""
     device = open_process_group(launch, timeout_s=timeout_s, backend=backend)
     try:
         yield device

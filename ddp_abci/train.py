@@ -88,7 +88,7 @@ def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) 
     from .data import per_rank_batch
     from .launch import discover_launch
     from .precision import resolve_precision
-    from .process_group import choose_device, process_group
+    from .process_group import choose_device, distributed
     from .trainer import Trainer, log
 
     launch = discover_launch(**launch_options)
@@ -96,7 +96,7 @@ def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) 
     device = choose_device(launch)
     resolve_precision(config.amp, device)
     resolve_comm(config.comm, launch, device)
-    with process_group(launch, timeout_s=config.timeout_s) as device:
+    with distributed(launch, timeout_s=config.timeout_s) as device:
         import torch.distributed as dist
 
         log(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
