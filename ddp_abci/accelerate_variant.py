@@ -19,6 +19,7 @@ accelerate is imported only when this module runs: the package does not depend o
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -150,6 +151,11 @@ def run(args: argparse.Namespace) -> int:
             "memory_kind": "max_rss", "device": str(accelerator.device), "torch": torch.__version__,
             "accelerate": accelerate.__version__,
         }, indent=1) + "\n")
+    # Free what holds the process group (DDP, and Accelerate's references to it) before the
+    # group is destroyed, or gloo's threads can abort the exit (see ddp_abci.train.run).
+    accelerator.free_memory()
+    del model, optimizer, loader
+    gc.collect()
     accelerator.end_training()  # destroys the process group before exit
     return 0
 

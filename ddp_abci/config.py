@@ -30,6 +30,14 @@ class TrainConfig:
     stop_check_every: int = 8         # steps between the ranks' agreement on a stop signal
     summary_json: str | None = None   # rank 0 writes the run's figures here (the benchmark reads it)
     comm: str = "auto"                # gradient all-reduce: auto (NCCL on GPUs, MPI on CPUs under mpirun), mpi, gloo
+    accum: int = 1                    # micro-batches per optimizer step (gradient accumulation)
+    loss: str = "rmse"                # rmse (the seed's) or mse (a per-sample mean)
+    clip_norm: float = 0.0            # clip the gradient norm to this; 0 = no clipping
+    eval_every: int = 0               # evaluate the held-out split every E epochs; 0 = never
+    warmup_steps: int = 0             # linear LR warm-up over this many optimizer steps
+    schedule: str = "constant"        # after warm-up: constant or cosine (to zero at the last step)
+    metrics_jsonl: str | None = None  # rank 0 appends one JSON line per optimizer step
+    compile: bool = False             # torch.compile the model before wrapping it in DDP
 
     def __post_init__(self) -> None:
         positive = {"epochs": self.epochs, "--bs": self.global_batch, "dim_in": self.dim_in,
@@ -44,8 +52,21 @@ class TrainConfig:
             raise UsageError("--workers and --max-steps must be 0 or more")
         if self.amp not in AMP_CHOICES:
             raise UsageError(f"unknown precision {self.amp!r}; use --amp one of {', '.join(AMP_CHOICES)}")
+        if self.accum < 1:
+            raise UsageError(f"--accum must be at least 1, got {self.accum}")
+        if self.loss not in ("rmse", "mse"):
+            raise UsageError(f"unknown --loss {self.loss!r}; use rmse or mse")
+        if self.clip_norm < 0 or self.eval_every < 0:
+            raise UsageError("--clip-norm and --eval-every must be 0 or more")
+        if self.eval_every and self.eval_items < 1:
+            raise UsageError(f"--num-items {self.num_items} leaves no held-out items for --eval-every")
         if self.resume and not self.ckpt_dir:
             raise UsageError("--resume needs --ckpt-dir DIR (the folder holding last.pt)")
+
+    @property
+    def eval_items(self) -> int:
+        """Held out for evaluation when --eval-every is set: the last 10% of the items, never trained on."""
+        return self.num_items // 10 if self.eval_every else 0
 
     def to_dict(self) -> dict:
         """Plain types only, so the checkpoint still loads with weights_only=True."""

@@ -31,6 +31,29 @@ def rmse_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((x - y) ** 2).mean().sqrt()
 
 
+def mse_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean squared error, a per-sample mean: K accumulated micro-batches of B then equal
+    one batch of K*B exactly (the seed's RMSE, a square root of the mean, does not)."""
+    return ((x - y) ** 2).mean()
+
+
+LOSSES = {"rmse": rmse_loss, "mse": mse_loss}
+
+
+def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
+    """torch.compile, where it can run: Inductor builds C++ kernels on the CPU and Triton ones on GPUs."""
+    import shutil
+    import sys
+
+    from .errors import UsageError
+
+    if sys.version_info >= (3, 14) and torch.__version__ < "2.10":
+        raise UsageError(f"torch.compile in torch {torch.__version__} does not support Python {sys.version.split()[0]}; drop --compile")
+    if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
+        raise UsageError("--compile on the CPU needs a C++ compiler (g++) for Inductor's kernels; install one or drop --compile")
+    return torch.compile(model)
+
+
 def wrap_model(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:
     """Move to the device and wrap in DDP. On one process DDP would only all-reduce with
     itself, so the bare module is returned (Accelerate does the same)."""

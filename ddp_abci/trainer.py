@@ -1,61 +1,41 @@
 """Training loop: the whole DDP life cycle of one run, read top to bottom in Trainer.run."""
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import resource
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from . import checkpoint as ckpt
+from .collectives import broadcast_error, print_main
 from .comm_hook import mpi_max, register_mpi_hook, resolve_comm
 from .config import TrainConfig
 from .data import LinspaceDataset, build_loader, per_rank_batch
 from .errors import UsageError
+from .evaluation import evaluate
 from .launch import Launch
-from .model import build_model, build_optimizer, rmse_loss, unwrap, wrap_model
+from .metrics import Clock, MetricsLog
+from .model import LOSSES, build_model, build_optimizer, compile_model, unwrap, wrap_model
 from .precision import autocast, make_scaler, resolve_precision
+from .schedule import build_schedule
 from .signals import EXIT_STOPPED, StopRequest, signal_name
 
 
 def log(launch: Launch, message: str) -> None:
-    """Print on rank 0 only; every rank printing would repeat each line world_size times."""
-    if launch.is_main:
-        print(message, flush=True)
+    print_main(launch, message)
 
 
-def broadcast_error(launch: Launch, error: str | None) -> None:
-    """Raise rank 0's verdict on every rank, so that all stop together with one message."""
-    box = [error]
-    if launch.world_size > 1:
-        dist.broadcast_object_list(box, src=0)
-    if box[0]:
-        raise UsageError(box[0])
-
-
-class Clock:
-    """Throughput over the timed loop: from the end of the first step, so that start-up and
-    warm-up are excluded; the wall-clock time of that first step is kept for the benchmark."""
-
-    def __init__(self) -> None:
-        self.start_unix = time.time()
-        self.first_step_unix: float | None = None
-        self._t0 = 0.0
-        self.samples = 0
-        self.seconds = 0.0
-
-    def step_done(self, now: float, samples: int) -> None:
-        if self.first_step_unix is None:
-            self.first_step_unix, self._t0 = time.time(), now
-        else:
-            self.samples += samples
-            self.seconds = now - self._t0
-
-    def samples_per_s(self) -> float | None:
-        return self.samples / self.seconds if self.seconds else None
+class StepResult(NamedTuple):
+    loss: torch.Tensor         # mean of the micro-batch losses, detached
+    skipped: bool              # fp16 overflow: GradScaler skipped optimizer.step
+    grad_norm: float | None    # total gradient norm before clipping (with --clip-norm)
 
 
 class Trainer:
@@ -69,22 +49,31 @@ class Trainer:
         self.clock = Clock()
         snapshot = self._preflight()
 
-        dataset = LinspaceDataset(config.dim_in, config.num_items)
+        train_items = config.num_items - config.eval_items
+        self.eval_set = LinspaceDataset(config.dim_in, config.eval_items, start=train_items) if config.eval_items else None
         pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
-        self.loader = build_loader(dataset, launch, config.global_batch, seed=config.seed,
-                                   workers=config.workers, pin_memory=pin,
+        self.loader = build_loader(LinspaceDataset(config.dim_in, train_items), launch, config.global_batch,
+                                   seed=config.seed, workers=config.workers, pin_memory=pin,
                                    persistent_workers=config.persistent_workers)
-        self.batches_per_epoch = len(self.loader.sampler)
+        self.batches_per_epoch = len(self.loader.sampler)  # micro-batches; --accum of them make a step
+        self.loss_fn = LOSSES[config.loss]
         model = build_model(config.seed, config.dim_in, config.dim_hidden)
         if snapshot is not None:
             ckpt.check_model_shape(snapshot, model, self.ckpt_file)
             model.load_state_dict(snapshot["model"])  # before DDP: it broadcasts rank 0's weights
+        if config.compile:
+            model = compile_model(model, device)  # before DDP, so DDP sees the compiled graph
         self.model = wrap_model(model, device, launch.world_size)
         self.comm = resolve_comm(config.comm, launch, device)
         if launch.world_size > 1 and self.comm == "mpi":
             register_mpi_hook(self.model)
         self.optimizer = build_optimizer(self.model, config.lr, config.betas)
         self.scaler = make_scaler(self.precision, device)
+        steps_per_epoch = -(-self.batches_per_epoch // config.accum)
+        self.scheduler = build_schedule(self.optimizer, config.schedule, config.warmup_steps,
+                                        config.max_steps or config.epochs * steps_per_epoch)
+        self.metrics = (MetricsLog(config.metrics_jsonl, config.global_batch * config.accum)
+                        if config.metrics_jsonl and launch.is_main else None)
         if snapshot is not None:
             self._load_snapshot(snapshot)
 
@@ -128,6 +117,8 @@ class Trainer:
     def _load_snapshot(self, snapshot: dict) -> None:
         self.optimizer.load_state_dict(snapshot["optimizer"])
         self.scaler.load_state_dict(snapshot["scaler"])
+        if self.scheduler is not None and snapshot.get("scheduler"):
+            self.scheduler.load_state_dict(snapshot["scheduler"])
         ckpt.restore_rng(snapshot["rng"])
         self.epoch, self.batch_in_epoch, self.step = snapshot["epoch"], snapshot["batch_in_epoch"], snapshot["step"]
         note = ""
@@ -147,6 +138,7 @@ class Trainer:
                 "model": unwrap(self.model).state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scaler": self.scaler.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch,
                 "sampler_epoch": self.loader.sampler.epoch,
@@ -161,30 +153,56 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def train_step(self, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """One optimizer step. Returns the loss and whether fp16 overflow skipped the step."""
-        with autocast(self.precision, self.device):
-            loss = rmse_loss(x, self.model(x))
+    def train_step(self, micro_batches: list[torch.Tensor]) -> StepResult:
+        """One optimizer step over the micro-batches (--accum of them; one by default)."""
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()  # DDP all-reduces gradient buckets during backward
+        count, loss_sum = len(micro_batches), torch.zeros((), device=self.device)
+        for i, x in enumerate(micro_batches):
+            with self._grad_sync(last=i == count - 1):
+                with autocast(self.precision, self.device):
+                    loss = self.loss_fn(x, self.model(x))
+                # / count: the accumulated gradient is that of the micro-batch losses' mean.
+                # DDP all-reduces gradient buckets during the last micro-batch's backward.
+                self.scaler.scale(loss / count).backward()
+            loss_sum += loss.detach()
+        grad_norm = None
+        if self.config.clip_norm:
+            self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm).item()
+        skipped = self._optimizer_step()
+        if self.scheduler is not None and not skipped:
+            self.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
+        return StepResult(loss_sum / count, skipped, grad_norm)
+
+    def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """DDP's no_sync() around all but the last micro-batch's forward and backward: it
+        toggles require_backward_grad_sync, which DDP reads in forward, so the gradients
+        only accumulate locally and K micro-batches cost one all-reduce."""
+        if last or not isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def _optimizer_step(self) -> bool:
+        """optimizer.step through the GradScaler; True when fp16 overflow skipped it."""
         if not self.scaler.is_enabled():
             self.optimizer.step()
-            return loss.detach(), False
-        # GradScaler skips optimizer.step when gradients overflowed and then lowers the
-        # scale; comparing scales is how Accelerate's step_was_skipped detects it too.
+            return False
+        # GradScaler skips optimizer.step on inf/NaN gradients and then lowers the scale,
+        # so a lower scale means a skipped step (Accelerate 1.16 patches optimizer.step to tell).
         before = self.scaler.get_scale()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        return loss.detach(), self.scaler.get_scale() < before
+        return self.scaler.get_scale() < before
 
     def run(self, stop: StopRequest | None = None) -> int:
         """Train until --epochs or --max-steps, or until a stop signal; returns the exit status.
 
         Pass an entered StopRequest to act on SIGTERM/SIGUSR1 (the command line does)."""
         cfg, launch = self.config, self.launch
-        log(launch, f"training: {cfg.epochs} epochs of {self.batches_per_epoch} steps, global batch "
+        accum = f", {cfg.accum} micro-batches a step" if cfg.accum > 1 else ""
+        log(launch, f"training: {cfg.epochs} epochs of {self.batches_per_epoch} batches{accum}, global batch "
                     f"{cfg.global_batch} ({self.per_rank_batch} per rank), precision {self.precision}, "
-                    f"checkpoints {self.ckpt_file or 'off'}")
+                    f"loss {cfg.loss}, checkpoints {self.ckpt_file or 'off'}")
         stopped_by, last_loss, steps_before = 0, float("nan"), self.step
         stop = stop or StopRequest()
         while self.epoch < cfg.epochs and not self._max_steps_reached() and not stopped_by:
@@ -193,8 +211,12 @@ class Trainer:
             if self.batch_in_epoch == self.batches_per_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
                 self._save_snapshot()
+                if cfg.eval_every and self.epoch % cfg.eval_every == 0:
+                    self._evaluate()
         if self.batch_in_epoch:
             self._save_snapshot()  # stopped mid-epoch, by a signal or --max-steps
+        if self.metrics is not None:
+            self.metrics.close()
         self._check_replicas_agree()
         self._write_summary(last_loss, stopped_by)
         if stopped_by:
@@ -207,6 +229,11 @@ class Trainer:
         else:
             log(launch, f"done: {self.step} steps, last epoch loss {last_loss:.4f}")
         return 0
+
+    def _evaluate(self) -> None:
+        mean, count = evaluate(unwrap(self.model), self.eval_set, self.launch, self.device, self.precision,
+                               self.per_rank_batch)
+        log(self.launch, f"eval after epoch {self.epoch}: mean RMSE {mean:.4f} over {count} held-out items")
 
     def _check_replicas_agree(self) -> None:
         """Every rank must end with the same weights; DDP guarantees it, this proves it once
@@ -225,27 +252,44 @@ class Trainer:
     def _max_steps_reached(self) -> bool:
         return bool(self.config.max_steps) and self.step >= self.config.max_steps
 
+    def _micro_batch_groups(self):
+        """The rest of the epoch's micro-batches in groups of --accum (a shorter last group)."""
+        batches = (x.to(self.device, non_blocking=True) for x in self.loader)
+        while group := list(itertools.islice(batches, self.config.accum)):
+            yield group
+
     def _run_epoch(self, stop: StopRequest) -> tuple[float, int]:
         """Train the rest of the current epoch; returns (mean loss over all ranks, signal or 0)."""
         loss_sum = torch.zeros((), device=self.device)
-        batches = skipped = stopped_by = 0
+        steps = micro = skipped = stopped_by = 0
+        norms: list[float] = []
         started = last_log = time.perf_counter()
-        for x in self.loader:
-            x = x.to(self.device, non_blocking=True)
-            loss, was_skipped = self.train_step(x)
-            loss_sum += loss
-            batches, skipped = batches + 1, skipped + was_skipped
-            self.batch_in_epoch, self.step = self.batch_in_epoch + 1, self.step + 1
+        for group in self._micro_batch_groups():
+            result = self.train_step(group)
+            loss_sum += result.loss
+            steps, micro, skipped = steps + 1, micro + len(group), skipped + result.skipped
+            if result.grad_norm is not None:
+                norms.append(result.grad_norm)
+            self.batch_in_epoch, self.step = self.batch_in_epoch + len(group), self.step + 1
             now = time.perf_counter()
-            self.clock.step_done(now, self.config.global_batch)
+            self.clock.step_done(now, self.config.global_batch * len(group))
+            if self.metrics is not None:
+                self._log_metrics(result)
             if self.launch.is_main and now - last_log >= self.config.log_every_s:
                 last_log = now
                 print(f"  epoch {self.epoch + 1} [{self.batch_in_epoch}/{self.batches_per_epoch}] "
-                      f"rank-0 loss {loss.item():.4f}", flush=True)
+                      f"rank-0 loss {result.loss.item():.4f}", flush=True)
             stopped_by = self._stop_agreed(stop)
             if stopped_by or self._max_steps_reached():
                 break
-        return self._epoch_report(loss_sum, batches, skipped, time.perf_counter() - started), stopped_by
+        if self.metrics is not None:
+            self.metrics.flush()
+        return self._epoch_report(loss_sum, steps, micro, skipped, norms, time.perf_counter() - started), stopped_by
+
+    def _log_metrics(self, result: StepResult) -> None:
+        self.metrics.step(step=self.step, epoch=self.epoch, loss=result.loss.item(),
+                          lr=self.optimizer.param_groups[0]["lr"], grad_norm=result.grad_norm,
+                          scale=self.scaler.get_scale() if self.scaler.is_enabled() else None)
 
     def _stop_agreed(self, stop: StopRequest) -> int:
         """The stop signal some rank received, once every rank knows it; else 0.
@@ -264,14 +308,17 @@ class Trainer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
 
-    def _epoch_report(self, loss_sum: torch.Tensor, batches: int, skipped: int, elapsed: float) -> float:
-        """The epoch's loss averaged over every rank's batches (not rank 0's own), logged."""
-        totals = torch.stack([loss_sum.float(), torch.tensor(float(batches), device=self.device)])
+    def _epoch_report(self, loss_sum: torch.Tensor, steps: int, micro_batches: int, skipped: int,
+                      norms: list[float], elapsed: float) -> float:
+        """The epoch's loss averaged over every rank's steps (not rank 0's own), logged."""
+        totals = torch.stack([loss_sum.float(), torch.tensor(float(steps), device=self.device)])
         if self.launch.world_size > 1:
             dist.all_reduce(totals)
         mean = (totals[0] / totals[1].clamp(min=1)).item()
-        rate = batches * self.config.global_batch / max(elapsed, 1e-9)
+        rate = micro_batches * self.config.global_batch / max(elapsed, 1e-9)
         extra = f", {skipped} steps skipped by fp16 overflow" if skipped else ""
+        if norms:
+            extra += f", grad norm before clipping mean {sum(norms) / len(norms):.3g} max {max(norms):.3g}"
         part = "" if self.batch_in_epoch == self.batches_per_epoch else f" [{self.batch_in_epoch}/{self.batches_per_epoch} batches]"
         log(self.launch, f"epoch {self.epoch + 1}/{self.config.epochs}{part}: loss {mean:.4f}, "
                          f"{rate:,.0f} samples/s, {elapsed:.2f}s{extra}")

@@ -24,8 +24,11 @@ def shard_order(num_items: int, world: int, rank: int, seed: int, epoch: int) ->
 
 
 def reference_run(*, steps_per_epoch: int, epochs: int, num_items: int, global_batch: int, world: int,
-                  seed: int = 0, lr: float = 1e-4):
-    """Returns (model, optimizer, per-epoch mean losses over all ranks)."""
+                  seed: int = 0, lr: float = 1e-4, accum: int = 1, clip_norm: float = 0.0):
+    """Returns (model, optimizer, per-epoch mean losses over all ranks).
+
+    With accum K a step's loss on each rank is the mean of its K micro-batch losses; with
+    clip_norm the averaged gradient is clipped to that total norm before the step."""
     torch.manual_seed(seed)
     model = SimpleModule()
     opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.0, 0.99))
@@ -37,14 +40,18 @@ def reference_run(*, steps_per_epoch: int, epochs: int, num_items: int, global_b
         for k in range(steps_per_epoch):
             grads = []
             for r in range(world):
-                x = torch.stack([item(i) for i in shards[r][k * b:(k + 1) * b]])
                 model.zero_grad()
-                loss = ((x - model(x)) ** 2).mean().sqrt()
+                micro = [((x - model(x)) ** 2).mean().sqrt()
+                         for m in range(k * accum, (k + 1) * accum)
+                         for x in [torch.stack([item(i) for i in shards[r][m * b:(m + 1) * b]])]]
+                loss = sum(micro) / accum
                 loss.backward()
                 grads.append([p.grad.clone() for p in model.parameters()])
                 losses.append(loss.item())
             for p, *per_rank in zip(model.parameters(), *grads):
                 p.grad = sum(per_rank) / world
+            if clip_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
             opt.step()
         epoch_losses.append(sum(losses) / len(losses))
     return model, opt, epoch_losses

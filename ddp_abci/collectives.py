@@ -1,0 +1,97 @@
+"""Small distributed helpers: Accelerate's main-process and gather/reduce calls, in raw form.
+
+    accelerator.is_main_process        launch.is_main
+    accelerator.is_local_main_process  launch.is_local_main
+    accelerator.print                  print_main(launch, ...)
+    accelerator.wait_for_everyone()    wait_for_everyone()
+    accelerator.main_process_first()   main_process_first(launch)
+    accelerator.gather(t)              gather(t)
+    accelerator.gather_for_metrics(t)  gather_for_metrics(t, indices)
+    accelerator.reduce(t, "mean")      reduce(t, "mean")
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from .errors import UsageError
+from .launch import Launch
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def print_main(launch: Launch, *args: object) -> None:
+    """Print on rank 0 only: every rank printing repeats each line world-size times."""
+    if launch.is_main:
+        print(*args, flush=True)
+
+
+def wait_for_everyone() -> None:
+    """A barrier: no rank passes until all have reached it."""
+    if _world() > 1:
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def main_process_first(launch: Launch) -> Iterator[None]:
+    """Rank 0 runs the block first (say, to download or cache data); the others run it after."""
+    if not launch.is_main:
+        wait_for_everyone()
+    try:
+        yield
+    finally:
+        if launch.is_main:
+            wait_for_everyone()
+
+
+def broadcast_error(launch: Launch, error: str | None) -> None:
+    """Raise rank 0's verdict on every rank, so that all stop together with one message."""
+    box = [error]
+    if _world() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise UsageError(box[0])
+
+
+def gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's tensor, concatenated along dim 0 in rank order (same shape on all ranks)."""
+    if _world() == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(_world())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def gather_for_metrics(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather per-sample values with their dataset indices and keep each index once.
+
+    DistributedSampler pads the last shard by repeating items, so a plain gather counts
+    those twice; carrying the indices makes the count exact (N items count N), without
+    assuming how the sampler padded. Returns (values, indices) sorted by index.
+    """
+    all_values, all_indices = gather(values), gather(indices.to(values.device))
+    unique, first = _first_occurrence(all_indices)
+    return all_values[first], unique
+
+
+def _first_occurrence(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    order = torch.argsort(indices, stable=True)
+    sorted_idx = indices[order]
+    keep = torch.ones_like(sorted_idx, dtype=torch.bool)
+    keep[1:] = sorted_idx[1:] != sorted_idx[:-1]
+    return sorted_idx[keep], order[keep]
+
+
+def reduce(tensor: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Sum or mean of a tensor over all ranks, returned on every rank (the input is not changed)."""
+    if reduction not in ("sum", "mean"):
+        raise ValueError(f"reduction must be 'sum' or 'mean', not {reduction!r}")
+    out = tensor.clone()
+    if _world() > 1:
+        dist.all_reduce(out)
+    return out / _world() if reduction == "mean" else out

@@ -1,0 +1,104 @@
+"""Accelerate's everyday features in raw form, each checked for real under mpirun -n 2."""
+import json
+import math
+
+import pytest
+import torch
+
+from helpers import PYTHON, MPIRUN, assert_clean, env, load, run, run_mpi, train
+from reference import item, reference_run
+
+pytestmark = pytest.mark.usefixtures("mpirun_available")
+
+# 400 items, global batch 50 on 2 ranks: 8 micro-batches an epoch.
+SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "1", "--seed", "3"]
+
+
+def _weights(tmp_path, *args, n=2):
+    proc = run_mpi(n, *SMALL, "--ckpt-dir", str(tmp_path), *args)
+    assert_clean(proc)
+    return proc, load(tmp_path / "last.pt")
+
+
+def test_accumulated_rmse_equals_a_step_on_the_mean_of_the_micro_batch_losses(tmp_path):
+    proc, state = _weights(tmp_path, "--accum", "2")
+    assert "2 micro-batches a step" in proc.stdout and state["step"] == 4
+    model, _, _ = reference_run(steps_per_epoch=4, epochs=1, num_items=400, global_batch=50, world=2, seed=3, accum=2)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(state["model"][name], tensor, rtol=1e-4, atol=1e-5)
+
+
+def test_accumulated_mse_equals_one_step_on_the_k_times_larger_batch(tmp_path):
+    _, accumulated = _weights(tmp_path / "a", "--accum", "2", "--loss", "mse")
+    proc = run_mpi(2, *SMALL[:2], "--bs", "100", *SMALL[4:], "--loss", "mse", "--ckpt-dir", str(tmp_path / "b"))
+    assert_clean(proc)
+    larger = load(tmp_path / "b" / "last.pt")
+    assert accumulated["step"] == larger["step"] == 4
+    for name, tensor in larger["model"].items():
+        torch.testing.assert_close(accumulated["model"][name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_clipping_equals_clipping_the_averaged_gradient_and_logs_the_norm(tmp_path):
+    proc, state = _weights(tmp_path, "--clip-norm", "50")
+    assert "grad norm before clipping mean" in proc.stdout
+    model, _, _ = reference_run(steps_per_epoch=8, epochs=1, num_items=400, global_batch=50, world=2, seed=3,
+                                clip_norm=50.0)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(state["model"][name], tensor, rtol=1e-4, atol=1e-5)
+
+
+def test_evaluation_counts_every_held_out_item_exactly_once(tmp_path):
+    # 410 items: the last 41 are held out, an odd number that DistributedSampler pads on 2 ranks.
+    proc, state = _weights(tmp_path, "--num-items", "410", "--eval-every", "1")
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("eval after epoch 1"))
+    assert line.endswith("over 41 held-out items")
+    from ddp_abci.model import SimpleModule
+
+    model = SimpleModule()
+    model.load_state_dict(state["model"])
+    with torch.no_grad():
+        x = torch.stack([item(i) for i in range(369, 410)])
+        expected = ((x - model(x)) ** 2).mean(dim=1).sqrt().mean().item()
+    logged = float(line.split("mean RMSE ")[1].split()[0])
+    assert logged == pytest.approx(expected, rel=1e-5, abs=1e-4)
+
+
+def test_gather_reduce_and_main_process_first_on_real_ranks(tmp_path):
+    proc = run([MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "tests/collectives_script.py", str(tmp_path / "m")])
+    assert_clean(proc)
+    assert "rank 0: collectives ok" in proc.stdout and "rank 1: collectives ok" in proc.stdout
+
+
+def test_warmup_and_cosine_step_the_lr_per_optimizer_step_and_are_saved(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    _, state = _weights(tmp_path, "--warmup-steps", "4", "--schedule", "cosine", "--metrics-jsonl", str(metrics))
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(1, 9))
+    lrs = [m["lr"] for m in lines]
+    # After optimizer step k the LR factor is that of step k: (k+1)/4 while warming up
+    # (steps 0-3), then a cosine from 1 at step 4 to 0 at the last step, 8.
+    expected = [1e-4 * (k + 1) / 4 for k in (1, 2, 3)] + [1e-4 * 0.5 * (1 + math.cos(math.pi * (k - 4) / 4))
+                                                           for k in range(4, 9)]
+    assert lrs == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert state["scheduler"]["last_epoch"] == 8
+
+
+def test_the_metrics_log_has_one_line_per_step_with_every_field(tmp_path):
+    metrics = tmp_path / "m.jsonl"
+    _weights(tmp_path, "--metrics-jsonl", str(metrics), "--clip-norm", "1e9", "--accum", "2")
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert len(lines) == 4
+    assert set(lines[0]) == {"step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "scale"}
+    assert all(m["grad_norm"] > 0 and m["loss"] > 0 for m in lines)
+
+
+def test_compile_trains_the_compiled_model(tmp_path):
+    proc = train(*SMALL, "--compile", "--max-steps", "2", "--ckpt-dir", str(tmp_path), timeout=300)
+    assert_clean(proc)
+    assert set(load(tmp_path / "last.pt")["model"]) == {"net.0.weight", "net.0.bias", "net.1.weight", "net.1.bias"}
+
+
+def test_compile_without_a_compiler_says_what_is_missing(tmp_path):
+    proc = train(*SMALL, "--compile", env=env(PATH=str(tmp_path)))  # no g++ on this PATH
+    assert proc.returncode == 2
+    assert "--compile on the CPU needs a C++ compiler" in proc.stdout
