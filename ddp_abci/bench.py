@@ -126,6 +126,12 @@ def format_table(report: dict) -> str:
     if "floor" in probes and not probes["floor"].get("failed"):
         lines.append(f"compute floor: {probes['floor']['samples_per_s']:,.0f} samples/s "
                      f"({probes['floor']['step_ms']:.2f} ms/step, 1 process, {probes['floor']['threads']} threads)")
+    alone, together = probes.get("floor_per_rank", {}), probes.get("floor_concurrent", {})
+    if "step_ms" in alone and "step_ms" in together:
+        world = report["config"]["world_size"]
+        lines.append(f"per-rank floor (batch {report['config']['bs'] // world}): {alone['step_ms']:.2f} ms/step alone, "
+                     f"{together['step_ms']:.2f} ms/step with all {world} ranks computing at once "
+                     f"(= {world * together['samples_per_s']:,.0f} samples/s for {world} ranks, no communication)")
     if "allreduce" in probes and not probes["allreduce"].get("failed"):
         a = probes["allreduce"]
         lines.append("all-reduce of the gradients alone: " + ", ".join(
@@ -223,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         probes["floor_per_rank"] = probe([sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--amp", args.amp,
                                           "--bs", str(args.bs // args.world_size), "--threads", str(per_rank_threads)],
                                          args.timeout)
+        # The same per-rank floor with every rank computing at once (no communication):
+        # what W ranks can reach together when they share the machine's memory and caches.
+        probes["floor_concurrent"] = probe([args.mpirun, "-n", str(args.world_size), "--oversubscribe",
+                                            *args.mpirun_args, sys.executable, "-m", "ddp_abci.bench_probes",
+                                            "floor", "--amp", args.amp, "--bs", str(args.bs // args.world_size),
+                                            "--threads", str(per_rank_threads)], args.timeout)
         probes["allreduce"] = probe([args.mpirun, "-n", str(args.world_size), "--oversubscribe", *args.mpirun_args,
                                      sys.executable, "-m", "ddp_abci.bench_probes", "allreduce"], args.timeout)
     summary = {side: summarise(r) for side, r in runs.items()}

@@ -159,3 +159,9 @@ def test_the_dockerfile_and_the_definition_build_the_same_pinned_image():
     for pkg in ("MPI4PY", "ACCELERATE"):
         version = re.search(rf"ARG {pkg}_VERSION=(\S+)", dockerfile)[1]
         assert f"{pkg.lower()}=={version}" in definition
+
+
+def test_the_gpu_check_says_there_is_no_gpu_and_exits_3():
+    proc = run(["bash", "scripts/gpu_check.sh"], env=env(PYTHON=PYTHON))
+    assert proc.returncode == 3
+    assert "gpu_check: no GPU visible to torch" in proc.stdout
