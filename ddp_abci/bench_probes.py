@@ -41,15 +41,8 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str) 
         scaler.step(optimizer)
         scaler.update()
 
-    for _ in range(20):  # warm-up: allocator, kernels, Adam state
-        step()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _sync(device)
-    seconds = time.perf_counter() - t0
-    return {"probe": "floor", "samples_per_s": steps * global_batch / seconds, "step_ms": 1e3 * seconds / steps,
+    step_ms = _time(step, steps, device, warmup=20)  # warm-up: allocator, kernels, Adam state
+    return {"probe": "floor", "samples_per_s": 1e3 * global_batch / step_ms, "step_ms": step_ms,
             "threads": torch.get_num_threads(), "device": str(device), "precision": precision}
 
 
@@ -85,8 +78,9 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
     return {}
 
 
-def _time(fn, iters: int, device) -> float:
-    for _ in range(10):
+def _time(fn, iters: int, device, warmup: int = 10) -> float:
+    """Milliseconds per call of fn, after `warmup` calls, the device synchronised around."""
+    for _ in range(warmup):
         fn()
     _sync(device)
     t0 = time.perf_counter()
