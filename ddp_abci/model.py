@@ -43,15 +43,15 @@ LOSSES = {"rmse": rmse_loss, "mse": mse_loss}
 def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
     """torch.compile, where it can run: Inductor builds C++ kernels on the CPU and Triton ones on GPUs."""
     import shutil
-    import sys
 
     from .errors import UsageError
 
-    if sys.version_info >= (3, 14) and torch.__version__ < "2.10":
-        raise UsageError(f"torch.compile in torch {torch.__version__} does not support Python {sys.version.split()[0]}; drop --compile")
     if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
         raise UsageError("--compile on the CPU needs a C++ compiler (g++) for Inductor's kernels; install one or drop --compile")
-    return torch.compile(model)
+    try:
+        return torch.compile(model)
+    except RuntimeError as e:  # e.g. a Python version Dynamo does not support yet
+        raise UsageError(f"torch.compile cannot run here ({str(e).splitlines()[0]}); drop --compile") from None
 
 
 def wrap_model(model: nn.Module, device: torch.device, world_size: int) -> nn.Module:

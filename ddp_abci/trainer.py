@@ -84,10 +84,15 @@ class Trainer:
         return ckpt.checkpoint_path(self.config.ckpt_dir) if self.config.ckpt_dir else None
 
     def _preflight(self) -> dict | None:
-        """Check the checkpoint folder before any work: rank 0 decides, all ranks obey.
+        """Check the files this run writes before any work: rank 0 decides, all ranks obey.
         Returns the snapshot to resume from, loaded (weights_only) on every rank."""
         path, error = self.ckpt_file, None
-        if path is not None and self.launch.is_main:
+        if self.launch.is_main and self.config.metrics_jsonl:
+            try:
+                open(self.config.metrics_jsonl, "a").close()
+            except OSError as e:
+                error = f"--metrics-jsonl {self.config.metrics_jsonl} cannot be written ({e.strerror}); choose a writable path"
+        if path is not None and self.launch.is_main and error is None:
             try:
                 ckpt.check_writable(path.parent)
                 if path.exists() and not self.config.resume:
