@@ -132,6 +132,12 @@ def format_table(report: dict) -> str:
         lines.append(f"per-rank floor (batch {report['config']['bs'] // world}): {alone['step_ms']:.2f} ms/step alone, "
                      f"{together['step_ms']:.2f} ms/step with all {world} ranks computing at once "
                      f"(= {world * together['samples_per_s']:,.0f} samples/s for {world} ranks, no communication)")
+    lockstep = probes.get("floor_lockstep", {})
+    if "step_ms" in lockstep:
+        world = report["config"]["world_size"]
+        lines.append(f"lockstep floor (the same, gradients all-reduced through MPI every step): "
+                     f"{lockstep['step_ms']:.2f} ms/step = {world * lockstep['samples_per_s']:,.0f} samples/s "
+                     f"for {world} ranks")
     if "allreduce" in probes and not probes["allreduce"].get("failed"):
         a = probes["allreduce"]
         lines.append("all-reduce of the gradients alone: " + ", ".join(
@@ -235,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                                             *args.mpirun_args, sys.executable, "-m", "ddp_abci.bench_probes",
                                             "floor", "--amp", args.amp, "--bs", str(args.bs // args.world_size),
                                             "--threads", str(per_rank_threads)], args.timeout)
+        if args.world_size > 1:
+            probes["floor_lockstep"] = probe([args.mpirun, "-n", str(args.world_size), "--oversubscribe",
+                                              *args.mpirun_args, sys.executable, "-m", "ddp_abci.bench_probes",
+                                              "floor", "--amp", args.amp, "--bs", str(args.bs // args.world_size),
+                                              "--threads", str(per_rank_threads), "--lockstep"], args.timeout)
         probes["allreduce"] = probe([args.mpirun, "-n", str(args.world_size), "--oversubscribe", *args.mpirun_args,
                                      sys.executable, "-m", "ddp_abci.bench_probes", "allreduce"], args.timeout)
     summary = {side: summarise(r) for side, r in runs.items()}

@@ -1,6 +1,8 @@
 """Benchmark probes: what this machine allows, measured the same way the trainers run.
 
     python -m ddp_abci.bench_probes floor --bs 50            # one process, data in memory
+    mpirun -n 2 python -m ddp_abci.bench_probes floor --bs 25 --threads 1 --lockstep
+                                                             # every rank at once, gradients all-reduced
     mpirun -n 2 python -m ddp_abci.bench_probes allreduce    # the gradient all-reduce alone
 
 Each prints one JSON line. The benchmark runs them and reports each trainer's throughput
@@ -14,10 +16,14 @@ import sys
 import time
 
 
-def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> dict:
+def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, lockstep: bool = False) -> dict:
     """Forward, backward and Adam step of the seed's model in a tight loop on one process,
     the batch already in memory: no loader, no communication. The throughput no trainer
-    on this machine can beat."""
+    on this machine can beat.
+
+    lockstep (under mpirun, CPU): every step also averages the gradients over the ranks with
+    one MPI Allreduce, as DDP must, so the ranks wait for each other every step: the least a
+    synchronous data-parallel step costs here, without DDP, the loader or the trainer."""
     import torch
 
     from .data import LinspaceDataset
@@ -27,23 +33,47 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str) 
     if threads:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if lockstep and device.type != "cpu":
+        return {"probe": "floor", "failed": True, "tail": "the lockstep floor is a CPU probe (MPI on host memory)"}
     precision = resolve_precision(amp, device)
     model = build_model(0).to(device)
     optimizer = build_optimizer(model, 1e-4, (0.0, 0.99))
     scaler = make_scaler(precision, device)
     x = LinspaceDataset()[list(range(global_batch))].to(device)
+    average = _mpi_gradient_average(model) if lockstep else None
 
     def step() -> None:
         with autocast(precision, device):
             loss = rmse_loss(x, model(x))
         optimizer.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
+        if average is not None:
+            average()
         scaler.step(optimizer)
         scaler.update()
 
     step_ms = _time(step, steps, device, warmup=20)  # warm-up: allocator, kernels, Adam state
     return {"probe": "floor", "samples_per_s": 1e3 * global_batch / step_ms, "step_ms": step_ms,
             "threads": torch.get_num_threads(), "device": str(device), "precision": precision}
+
+
+def _mpi_gradient_average(model):
+    import torch
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    params = list(model.parameters())
+
+    def average() -> None:
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
+        flat.div_(comm.Get_size())
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    return average
 
 
 def allreduce_time(iters: int, backends: list[str]) -> dict:
@@ -105,12 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--steps", type=int, default=300)
     f.add_argument("--threads", type=int, default=None)
     f.add_argument("--amp", default="auto")
+    f.add_argument("--lockstep", action="store_true", help="all-reduce the gradients over MPI every step")
     a = sub.add_parser("allreduce")
     a.add_argument("--iters", type=int, default=300)
     a.add_argument("--backends", default="pg,mpi")
     args = p.parse_args(argv)
     if args.probe == "floor":
-        result = compute_floor(args.bs, args.steps, args.threads, args.amp)
+        result = compute_floor(args.bs, args.steps, args.threads, args.amp, args.lockstep)
     else:
         result = allreduce_time(args.iters, args.backends.split(","))
     if result:
