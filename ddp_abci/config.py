@@ -56,6 +56,8 @@ class TrainConfig:
             raise UsageError(f"--accum must be at least 1, got {self.accum}")
         if self.loss not in ("rmse", "mse"):
             raise UsageError(f"unknown --loss {self.loss!r}; use rmse or mse")
+        if self.schedule not in ("constant", "cosine") or self.warmup_steps < 0:
+            raise UsageError(f"--schedule must be constant or cosine (got {self.schedule!r}) and --warmup-steps 0 or more")
         if self.clip_norm < 0 or self.eval_every < 0:
             raise UsageError("--clip-norm and --eval-every must be 0 or more")
         if self.eval_every and self.eval_items < 1:
