@@ -101,7 +101,8 @@ def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) 
     from .launch import discover_launch
     from .precision import resolve_precision
     from .process_group import choose_device, distributed
-    from .trainer import Trainer, log
+    from .collectives import print_main
+    from .trainer import Trainer
 
     launch = discover_launch(**launch_options)
     per_rank_batch(config.global_batch, launch.world_size)
@@ -111,9 +112,9 @@ def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) 
     with distributed(launch, timeout_s=config.timeout_s) as device:
         import torch.distributed as dist
 
-        log(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
-                    f"backend {dist.get_backend()}, gradients via {resolve_comm(config.comm, launch, device)}, device {device}, "
-                    f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
+        print_main(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
+                           f"backend {dist.get_backend()}, gradients via {resolve_comm(config.comm, launch, device)}, device {device}, "
+                           f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
         trainer = Trainer(config, launch, device)
         try:
             return trainer.run(stop)

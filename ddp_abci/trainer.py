@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint as ckpt
-from .collectives import broadcast_error, print_main
+from .collectives import broadcast_error, print_main, reduce, wait_for_everyone
 from .comm_hook import mpi_max, register_mpi_hook, resolve_comm
 from .config import TrainConfig
 from .data import LinspaceDataset, build_loader, per_rank_batch
@@ -26,10 +26,6 @@ from .model import LOSSES, build_model, build_optimizer, compile_model, unwrap, 
 from .precision import autocast, make_scaler, resolve_precision
 from .schedule import build_schedule
 from .signals import EXIT_STOPPED, StopRequest, signal_name
-
-
-def log(launch: Launch, message: str) -> None:
-    print_main(launch, message)
 
 
 class StepResult(NamedTuple):
@@ -86,7 +82,7 @@ class Trainer:
     def _preflight(self) -> dict | None:
         """Check the files this run writes before any work: rank 0 decides, all ranks obey.
         Returns the snapshot to resume from, loaded (weights_only) on every rank."""
-        path, error = self.ckpt_file, None
+        path, error, checked = self.ckpt_file, None, None
         if self.launch.is_main and self.config.metrics_jsonl:
             try:
                 open(self.config.metrics_jsonl, "a").close()
@@ -100,7 +96,8 @@ class Trainer:
                         f"{path} exists and would be overwritten; pass --resume to continue it, "
                         "or choose another --ckpt-dir")
                 if path.exists():
-                    self._check_resumable(ckpt.load_checkpoint(path))
+                    checked = ckpt.load_checkpoint(path)
+                    self._check_resumable(checked)
             except UsageError as e:
                 error = str(e)
             except Exception as e:  # anything else too: the other ranks wait in the broadcast
@@ -109,9 +106,9 @@ class Trainer:
         if path is None or not self.config.resume:
             return None
         if not path.exists():
-            log(self.launch, f"resume: no checkpoint at {path}; starting fresh")
+            print_main(self.launch, f"resume: no checkpoint at {path}; starting fresh")
             return None
-        return ckpt.load_checkpoint(path)
+        return checked if checked is not None else ckpt.load_checkpoint(path)  # rank 0 has it already
 
     def _check_resumable(self, snapshot: dict) -> None:
         if snapshot["global_batch"] != self.config.global_batch:
@@ -130,7 +127,7 @@ class Trainer:
         if snapshot["world_size"] != self.launch.world_size:
             note = (f"; world size changed {snapshot['world_size']} -> {self.launch.world_size}, "
                     f"global batch {self.config.global_batch} kept, so each rank now takes {self.per_rank_batch}")
-        log(self.launch, f"resume: {self.ckpt_file} at epoch {self.epoch}, batch {self.batch_in_epoch}, step {self.step}{note}")
+        print_main(self.launch, f"resume: {self.ckpt_file} at epoch {self.epoch}, batch {self.batch_in_epoch}, step {self.step}{note}")
 
     def _save_snapshot(self) -> None:
         """Rank 0 writes atomically; the others wait so that nobody runs ahead of a checkpoint
@@ -153,8 +150,7 @@ class Trainer:
                 "config": self.config.to_dict(),
                 "rng": ckpt.rng_state(),
             }, self.ckpt_file)
-        if self.launch.world_size > 1:
-            dist.barrier()
+        wait_for_everyone()
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -205,9 +201,9 @@ class Trainer:
         Pass an entered StopRequest to act on SIGTERM/SIGUSR1 (the command line does)."""
         cfg, launch = self.config, self.launch
         accum = f", {cfg.accum} micro-batches a step" if cfg.accum > 1 else ""
-        log(launch, f"training: {cfg.epochs} epochs of {self.batches_per_epoch} batches{accum}, global batch "
-                    f"{cfg.global_batch} ({self.per_rank_batch} per rank), precision {self.precision}, "
-                    f"loss {cfg.loss}, checkpoints {self.ckpt_file or 'off'}")
+        print_main(launch, f"training: {cfg.epochs} epochs of {self.batches_per_epoch} batches{accum}, global batch "
+                           f"{cfg.global_batch} ({self.per_rank_batch} per rank), precision {self.precision}, "
+                           f"loss {cfg.loss}, checkpoints {self.ckpt_file or 'off'}")
         stopped_by, last_loss, steps_before = 0, float("nan"), self.step
         stop = stop or StopRequest()
         while self.epoch < cfg.epochs and not self._max_steps_reached() and not stopped_by:
@@ -225,20 +221,20 @@ class Trainer:
         self._check_replicas_agree()
         self._write_summary(last_loss, stopped_by)
         if stopped_by:
-            log(launch, f"stopped on {signal_name(stopped_by)} at epoch {self.epoch + 1} batch {self.batch_in_epoch} "
-                        f"(step {self.step}); checkpoint {self.ckpt_file or 'off (no --ckpt-dir)'}; "
-                        f"resume with --resume; exit {EXIT_STOPPED}")
+            print_main(launch, f"stopped on {signal_name(stopped_by)} at epoch {self.epoch + 1} batch {self.batch_in_epoch} "
+                               f"(step {self.step}); checkpoint {self.ckpt_file or 'off (no --ckpt-dir)'}; "
+                               f"resume with --resume; exit {EXIT_STOPPED}")
             return EXIT_STOPPED
         if self.step == steps_before:
-            log(launch, f"nothing to train: already at epoch {self.epoch}, step {self.step}")
+            print_main(launch, f"nothing to train: already at epoch {self.epoch}, step {self.step}")
         else:
-            log(launch, f"done: {self.step} steps, last epoch loss {last_loss:.4f}")
+            print_main(launch, f"done: {self.step} steps, last epoch loss {last_loss:.4f}")
         return 0
 
     def _evaluate(self) -> None:
         mean, count = evaluate(unwrap(self.model), self.eval_set, self.launch, self.device, self.precision,
                                self.per_rank_batch)
-        log(self.launch, f"eval after epoch {self.epoch}: mean RMSE {mean:.4f} over {count} held-out items")
+        print_main(self.launch, f"eval after epoch {self.epoch}: mean RMSE {mean:.4f} over {count} held-out items")
 
     def _check_replicas_agree(self) -> None:
         """Every rank must end with the same weights; DDP guarantees it, this proves it once
@@ -251,8 +247,8 @@ class Trainer:
         dist.all_reduce(high, op=dist.ReduceOp.MAX)
         if low.item() != high.item():
             raise RuntimeError(f"replicas diverged: weight checksums range {low.item()!r} to {high.item()!r}")
-        log(self.launch, f"replicas agree: identical weights on all {self.launch.world_size} ranks "
-                         f"(checksum {high.item():.6f})")
+        print_main(self.launch, f"replicas agree: identical weights on all {self.launch.world_size} ranks "
+                                f"(checksum {high.item():.6f})")
 
     def _max_steps_reached(self) -> bool:
         return bool(self.config.max_steps) and self.step >= self.config.max_steps
@@ -316,17 +312,15 @@ class Trainer:
     def _epoch_report(self, loss_sum: torch.Tensor, steps: int, micro_batches: int, skipped: int,
                       norms: list[float], elapsed: float) -> float:
         """The epoch's loss averaged over every rank's steps (not rank 0's own), logged."""
-        totals = torch.stack([loss_sum.float(), torch.tensor(float(steps), device=self.device)])
-        if self.launch.world_size > 1:
-            dist.all_reduce(totals)
+        totals = reduce(torch.stack([loss_sum.float(), torch.tensor(float(steps), device=self.device)]), "sum")
         mean = (totals[0] / totals[1].clamp(min=1)).item()
         rate = micro_batches * self.config.global_batch / max(elapsed, 1e-9)
         extra = f", {skipped} steps skipped by fp16 overflow" if skipped else ""
         if norms:
             extra += f", grad norm before clipping mean {sum(norms) / len(norms):.3g} max {max(norms):.3g}"
         part = "" if self.batch_in_epoch == self.batches_per_epoch else f" [{self.batch_in_epoch}/{self.batches_per_epoch} batches]"
-        log(self.launch, f"epoch {self.epoch + 1}/{self.config.epochs}{part}: loss {mean:.4f}, "
-                         f"{rate:,.0f} samples/s, {elapsed:.2f}s{extra}")
+        print_main(self.launch, f"epoch {self.epoch + 1}/{self.config.epochs}{part}: loss {mean:.4f}, "
+                                f"{rate:,.0f} samples/s, {elapsed:.2f}s{extra}")
         return mean
 
     def _write_summary(self, last_loss: float, stopped_by: int) -> None:
