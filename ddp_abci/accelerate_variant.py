@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     import torch
+    import torch._dynamo  # noqa: F401  before the process group: see process_group.open_process_group
     from torch.utils.data import DataLoader
 
     from .data import LinspaceDataset
@@ -152,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
             "accelerate": accelerate.__version__,
         }, indent=1) + "\n")
     # Free what holds the process group (DDP, and Accelerate's references to it) before the
-    # group is destroyed, or gloo's threads can abort the exit (see ddp_abci.train.run).
+    # group is destroyed: gloo joins its threads only when the last reference goes, and one
+    # alive at interpreter shutdown can abort the exit (see process_group.close_process_group).
     accelerator.free_memory()
     del model, optimizer, loader
     gc.collect()

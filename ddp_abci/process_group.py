@@ -51,6 +51,12 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
     The CUDA device is set before init: NCCL binds its communicator to the current
     device, and every rank would otherwise create a context on GPU 0.
     """
+    # Before init, not after: importing torch._dynamo (DDP's constructor does) while a
+    # process group exists leaves 10 references to it that nothing releases (torch 2.13,
+    # counted with sys.getrefcount). destroy_process_group then never frees the group, its
+    # gloo worker threads live on into interpreter shutdown, and one that drops a tensor
+    # there aborts the exit with "terminate called without an active exception".
+    import torch._dynamo  # noqa: F401
     device = choose_device(launch)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -79,9 +85,10 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
 
 
 def close_process_group() -> None:
-    """Leave the process group. Must run before the interpreter exits: a process that
-    exits with a live gloo group aborts with 'terminate called without an active
-    exception' (seen with Open MPI 5)."""
+    """Leave the process group. Must run before the interpreter exits, after everything
+    that holds the group (DDP) is freed: gloo joins its worker threads only when the last
+    reference goes, and a worker still alive at interpreter shutdown aborts the exit with
+    'terminate called without an active exception'."""
     if dist.is_initialized():
         dist.destroy_process_group()
 

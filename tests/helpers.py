@@ -83,6 +83,15 @@ def assert_clean(proc: subprocess.CompletedProcess, rc: int = 0) -> None:
         assert bad not in proc.stdout, proc.stdout
 
 
+def assert_no_thread_outlives_the_process_group(proc: subprocess.CompletedProcess, ranks: int = 2) -> None:
+    """For a job run through tests/threads_at_exit.py: every rank reported, and no gloo or
+    TCPStore thread was left once main() returned (the group was really freed)."""
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("threads at exit:")]
+    assert len(lines) == ranks, proc.stdout
+    for line in lines:
+        assert "gloo" not in line and "tcpstore" not in line, line
+
+
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 

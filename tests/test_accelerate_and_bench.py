@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from helpers import MPIRUN, PYTHON, run
+from helpers import MPIRUN, PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, run
 
 pytest.importorskip("accelerate", reason="accelerate comes with the test extra: scripts/setup.sh installs it")
 pytestmark = pytest.mark.usefixtures("mpirun_available")
@@ -19,9 +19,9 @@ def _free_port():
         return str(s.getsockname()[1])
 
 
-def accelerate_run(*args):
+def accelerate_run(*args, through=("-m",)):
     cmd = [MPIRUN, "-n", "2", "--oversubscribe", "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={_free_port()}",
-           PYTHON, "-m", "ddp_abci.accelerate_variant", *SMALL, *args]
+           PYTHON, *through, "ddp_abci.accelerate_variant", *SMALL, *args]
     return run(cmd)
 
 
@@ -38,6 +38,12 @@ def test_the_seed_as_written_trains_with_bs_times_world_and_says_so():
     assert proc.returncode == 0, proc.stdout
     assert "Accelerator(split_batches=True) ignored -> split_batches=False, global batch 100" in proc.stdout
     assert "global step 4" in proc.stdout
+
+
+def test_the_variant_ends_gloos_threads_before_exit():
+    proc = accelerate_run(through=("tests/threads_at_exit.py",))
+    assert_clean(proc)
+    assert_no_thread_outlives_the_process_group(proc)
 
 
 def test_the_variant_refuses_to_start_without_the_rendezvous_variables():

@@ -4,7 +4,8 @@ import re
 import pytest
 import torch
 
-from helpers import assert_clean, load, run_mpi, same_tensors
+from helpers import (MPIRUN, PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, load, run,
+                     run_mpi, same_tensors)
 from reference import reference_run
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
@@ -81,3 +82,12 @@ def test_gradients_through_mpi_equal_the_gloo_path_to_float_precision(two_rank_r
     via_gloo = load(tmp_path / "last.pt")["model"]
     for name, tensor in two_rank_run[1]["model"].items():
         torch.testing.assert_close(via_gloo[name], tensor, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("comm", ["gloo", "mpi"])
+def test_closing_the_process_group_ends_gloos_threads_before_exit(comm, tmp_path):
+    # A mid-epoch stop: the path that saves, checks the replicas and gathers the summary last.
+    proc = run([MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "tests/threads_at_exit.py", "ddp_abci.train",
+                *SMALL, "--comm", comm, "--max-steps", "11", "--ckpt-dir", str(tmp_path)])
+    assert_clean(proc)
+    assert_no_thread_outlives_the_process_group(proc)
