@@ -102,3 +102,31 @@ def test_compile_without_a_compiler_says_what_is_missing(tmp_path):
     proc = train(*SMALL, "--compile", env=env(PATH=str(tmp_path)))  # no g++ on this PATH
     assert proc.returncode == 2
     assert "--compile on the CPU needs a C++ compiler" in proc.stdout
+
+
+def test_an_fp16_overflow_skips_the_step_and_leaves_weights_optimizer_and_schedule_untouched():
+    # fp16 is refused on the CPU for real runs (slow); the CPU's fp16 autocast and
+    # GradScaler("cpu") drive the same Trainer code that runs on GPUs. A scale of 2**127
+    # makes the scaled loss overflow float32, as a too-high scale does on a GPU.
+    from ddp_abci.config import TrainConfig
+    from ddp_abci.launch import discover_launch
+    from ddp_abci.trainer import Trainer
+
+    config = TrainConfig(num_items=100, global_batch=50, warmup_steps=4, clip_norm=1.0)
+    trainer = Trainer(config, discover_launch(environ={}), torch.device("cpu"))
+    trainer.precision, trainer.scaler = "fp16", torch.amp.GradScaler("cpu", init_scale=2.0**127)
+    batch = next(iter(trainer.loader))
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    lr = trainer.optimizer.param_groups[0]["lr"]
+
+    result = trainer.train_step([batch])
+    assert result.skipped and trainer.scaler.get_scale() == 2.0**126
+    assert all(torch.equal(weights[k], v) for k, v in trainer.model.state_dict().items())
+    # Fused Adam with a scaler creates its state but counts no step and moves no moment.
+    assert all(s["step"].item() == 0 and not s["exp_avg"].any() for s in trainer.optimizer.state.values())
+    assert trainer.optimizer.param_groups[0]["lr"] == lr  # nor did the warm-up
+
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    result = trainer.train_step([batch])
+    assert not result.skipped and math.isfinite(result.grad_norm)
+    assert trainer.optimizer.param_groups[0]["lr"] > lr
