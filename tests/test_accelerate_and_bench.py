@@ -4,6 +4,7 @@ import re
 import socket
 
 import pytest
+import torch
 
 from helpers import MPIRUN, PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, run
 
@@ -77,3 +78,27 @@ def test_a_failing_side_is_reported_as_failed_not_as_a_number(tmp_path):
     assert proc.returncode == 1
     assert report["sides"]["raw"]["failed"] and report["ratios"]["throughput raw / accelerate"] is None
     assert re.search(r"^raw +- +FAILED", proc.stdout, re.M)
+
+
+def test_a_probe_reports_its_fastest_block_not_one_slowed_by_a_neighbour(monkeypatch):
+    from ddp_abci import bench_probes
+
+    clock = iter(range(20))  # 5 blocks of 4 calls; a neighbour slows the first block's calls 5×
+    now = [0.0]
+    monkeypatch.setattr(bench_probes.time, "perf_counter", lambda: now[0])
+    costs = [5.0] * 4 + [1.0] * 16
+
+    def call():
+        now[0] += costs[next(clock)]
+
+    assert bench_probes._time(call, iters=20, device=torch.device("cpu"), warmup=0, blocks=5) == 1e3
+
+
+def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks():
+    floor = run([PYTHON, "-m", "ddp_abci.bench_probes", "floor", "--bs", "50", "--steps", "25"])
+    assert floor.returncode == 0, floor.stdout
+    assert json.loads(floor.stdout.splitlines()[-1])["samples_per_s"] > 0
+    both = run([MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "-m", "ddp_abci.bench_probes", "allreduce", "--iters", "25"])
+    assert both.returncode == 0, both.stdout
+    times = json.loads(both.stdout.splitlines()[-1])
+    assert times["world_size"] == 2 and times["gloo_ms"] > 0 and times["mpi_ms"] > 0
