@@ -22,8 +22,9 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, 
     on this machine can beat.
 
     lockstep (under mpirun, CPU): every step also averages the gradients over the ranks with
-    one MPI Allreduce, as DDP must, so the ranks wait for each other every step: the least a
-    synchronous data-parallel step costs here, without DDP, the loader or the trainer."""
+    one in-place MPI Allreduce, as DDP must, so the ranks wait for each other every step:
+    what a synchronous data-parallel step costs here without DDP, the loader or the trainer
+    (and without overlapping the all-reduce with backward, which one thread a rank rules out)."""
     import torch
 
     from .data import LinspaceDataset
@@ -40,15 +41,18 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, 
     optimizer = build_optimizer(model, 1e-4, (0.0, 0.99))
     scaler = make_scaler(precision, device)
     x = LinspaceDataset()[list(range(global_batch))].to(device)
-    average = _mpi_gradient_average(model) if lockstep else None
+    flat_grads = _flat_grads(model) if lockstep else None
 
     def step() -> None:
         with autocast(precision, device):
             loss = rmse_loss(x, model(x))
-        optimizer.zero_grad(set_to_none=True)
+        if flat_grads is None:
+            optimizer.zero_grad(set_to_none=True)
+        else:
+            flat_grads.zero_()  # keep the gradients as views of the one buffer MPI reduces
         scaler.scale(loss).backward()
-        if average is not None:
-            average()
+        if flat_grads is not None:
+            _mpi_average(flat_grads)
         scaler.step(optimizer)
         scaler.update()
 
@@ -57,23 +61,26 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, 
             "threads": torch.get_num_threads(), "device": str(device), "precision": precision}
 
 
-def _mpi_gradient_average(model):
+def _flat_grads(model):
+    """One buffer with every parameter's .grad a view into it, as DDP's
+    gradient_as_bucket_view does per bucket: the all-reduce then copies nothing in or out,
+    so the probe pays no cost the trainer does not."""
     import torch
+
+    params = list(model.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+def _mpi_average(flat) -> None:
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
-    params = list(model.parameters())
-
-    def average() -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
-        flat.div_(comm.Get_size())
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-    return average
+    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
+    flat.div_(MPI.COMM_WORLD.Get_size())
 
 
 def allreduce_time(iters: int, backends: list[str]) -> dict:

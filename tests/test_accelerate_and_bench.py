@@ -98,7 +98,11 @@ def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks():
     floor = run([PYTHON, "-m", "ddp_abci.bench_probes", "floor", "--bs", "50", "--steps", "25"])
     assert floor.returncode == 0, floor.stdout
     assert json.loads(floor.stdout.splitlines()[-1])["samples_per_s"] > 0
-    both = run([MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "-m", "ddp_abci.bench_probes", "allreduce", "--iters", "25"])
+    on_two = [MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "-m", "ddp_abci.bench_probes"]
+    lockstep = run([*on_two, "floor", "--bs", "25", "--threads", "1", "--lockstep", "--steps", "25"])
+    assert lockstep.returncode == 0, lockstep.stdout
+    assert json.loads(lockstep.stdout.splitlines()[-1])["step_ms"] > 0
+    both = run([*on_two, "allreduce", "--iters", "25"])
     assert both.returncode == 0, both.stdout
     times = json.loads(both.stdout.splitlines()[-1])
     assert times["world_size"] == 2 and times["gloo_ms"] > 0 and times["mpi_ms"] > 0
