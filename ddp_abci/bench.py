@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,20 +24,25 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from .rendezvous import free_port
+
 ACCELERATE_WRAPPER = Path(__file__).resolve().parents[1] / "scripts" / "accelerate_env.sh"
+
+
+def mpirun_prefix(args: argparse.Namespace, ranks: int) -> list[str]:
+    return [args.mpirun, "-n", str(ranks), "--oversubscribe", *args.mpirun_args]
 
 
 def side_command(side: str, args: argparse.Namespace, summary: Path) -> list[str]:
     """One fresh mpirun per side and round. 'raw1' is the raw trainer on one rank."""
-    world = 1 if side == "raw1" else args.world_size
-    mpirun = [args.mpirun, "-n", str(world), "--oversubscribe", *args.mpirun_args]
+    mpirun = mpirun_prefix(args, 1 if side == "raw1" else args.world_size)
     common = ["--bs", str(args.bs), "--amp", args.amp, "--workers", str(args.workers),
               "--epochs", str(args.epochs), "--max-steps", str(args.max_steps), "--num-items", str(args.num_items),
               "--summary-json", str(summary)]
     if side.startswith("raw"):
         return [*mpirun, sys.executable, "-m", "ddp_abci.train", *common, *args.raw_args]
     # Accelerate reads the rendezvous from the environment (env://), as in the seed's job script.
-    port = _free_port()
+    port = free_port(args.master_addr)
     mpirun += ["-x", f"MASTER_ADDR={args.master_addr}", "-x", f"MASTER_PORT={port}"]
     wrapper = ["bash", str(ACCELERATE_WRAPPER)] if ACCELERATE_WRAPPER.exists() else []
     amp = "no" if args.amp == "auto" else args.amp
@@ -185,12 +189,6 @@ def save_chart(report: dict, path: Path) -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ddp_abci.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--world-size", type=int, default=2)
@@ -213,6 +211,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run_probes(args: argparse.Namespace) -> dict:
+    """What this machine allows (bench_probes): the compute floor of one process, of one rank
+    alone and of all ranks computing at once, the same in lockstep with the gradient
+    all-reduce, and the all-reduce alone."""
+    local = [sys.executable, "-m", "ddp_abci.bench_probes"]
+    on_ranks = [*mpirun_prefix(args, args.world_size), *local]
+    per_rank = ["floor", "--amp", args.amp, "--bs", str(args.bs // args.world_size),
+                "--threads", str(max(1, (os.cpu_count() or 1) // args.world_size))]
+    probes = {"floor": probe([*local, "floor", "--bs", str(args.bs), "--amp", args.amp], args.timeout),
+              "floor_per_rank": probe([*local, *per_rank], args.timeout),
+              # The same per-rank floor with every rank computing at once (no communication):
+              # what W ranks can reach together when they share the machine's memory and caches.
+              "floor_concurrent": probe([*on_ranks, *per_rank], args.timeout)}
+    if args.world_size > 1:
+        probes["floor_lockstep"] = probe([*on_ranks, *per_rank, "--lockstep"], args.timeout)
+    probes["allreduce"] = probe([*on_ranks, "allreduce"], args.timeout)
+    return probes
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.raw_args, args.mpirun_args = args.raw_args.split(), args.mpirun_args.split()
@@ -227,27 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = runs[side][-1]
                 print(f"round {round_ + 1}/{args.rounds} {side}: " + (f"FAILED rc={r['rc']}" if r.get("failed")
                       else f"{r['samples_per_s']:,.0f} samples/s, wall {r['wall_s']:.1f}s"), flush=True)
-    probes = {}
-    if not args.no_probes:
-        per_rank_threads = max(1, (os.cpu_count() or 1) // args.world_size)
-        probes["floor"] = probe([sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--bs", str(args.bs),
-                                 "--amp", args.amp], args.timeout)
-        probes["floor_per_rank"] = probe([sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--amp", args.amp,
-                                          "--bs", str(args.bs // args.world_size), "--threads", str(per_rank_threads)],
-                                         args.timeout)
-        # The same per-rank floor with every rank computing at once (no communication):
-        # what W ranks can reach together when they share the machine's memory and caches.
-        probes["floor_concurrent"] = probe([args.mpirun, "-n", str(args.world_size), "--oversubscribe",
-                                            *args.mpirun_args, sys.executable, "-m", "ddp_abci.bench_probes",
-                                            "floor", "--amp", args.amp, "--bs", str(args.bs // args.world_size),
-                                            "--threads", str(per_rank_threads)], args.timeout)
-        if args.world_size > 1:
-            probes["floor_lockstep"] = probe([args.mpirun, "-n", str(args.world_size), "--oversubscribe",
-                                              *args.mpirun_args, sys.executable, "-m", "ddp_abci.bench_probes",
-                                              "floor", "--amp", args.amp, "--bs", str(args.bs // args.world_size),
-                                              "--threads", str(per_rank_threads), "--lockstep"], args.timeout)
-        probes["allreduce"] = probe([args.mpirun, "-n", str(args.world_size), "--oversubscribe", *args.mpirun_args,
-                                     sys.executable, "-m", "ddp_abci.bench_probes", "allreduce"], args.timeout)
+    probes = {} if args.no_probes else run_probes(args)
     summary = {side: summarise(r) for side, r in runs.items()}
     report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "png")},
               "environment": environment(args.mpirun), "sides": summary, "ratios": ratios(summary),

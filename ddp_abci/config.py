@@ -5,7 +5,11 @@ from dataclasses import asdict, dataclass
 
 from .errors import UsageError
 
+# The choices live here, where the command line checks them before torch loads;
+# precision.py and schedule.py take theirs from here.
 AMP_CHOICES = ("auto", "no", "fp16", "bf16")
+LOSS_CHOICES = ("rmse", "mse")
+SCHEDULE_CHOICES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -54,10 +58,11 @@ class TrainConfig:
             raise UsageError(f"unknown precision {self.amp!r}; use --amp one of {', '.join(AMP_CHOICES)}")
         if self.accum < 1:
             raise UsageError(f"--accum must be at least 1, got {self.accum}")
-        if self.loss not in ("rmse", "mse"):
-            raise UsageError(f"unknown --loss {self.loss!r}; use rmse or mse")
-        if self.schedule not in ("constant", "cosine") or self.warmup_steps < 0:
-            raise UsageError(f"--schedule must be constant or cosine (got {self.schedule!r}) and --warmup-steps 0 or more")
+        if self.loss not in LOSS_CHOICES:
+            raise UsageError(f"unknown --loss {self.loss!r}; use {' or '.join(LOSS_CHOICES)}")
+        if self.schedule not in SCHEDULE_CHOICES or self.warmup_steps < 0:
+            raise UsageError(f"--schedule must be {' or '.join(SCHEDULE_CHOICES)} (got {self.schedule!r}) "
+                             "and --warmup-steps 0 or more")
         if self.clip_norm < 0 or self.eval_every < 0:
             raise UsageError("--clip-norm and --eval-every must be 0 or more")
         if self.eval_every and self.eval_items < 1:

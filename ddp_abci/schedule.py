@@ -5,9 +5,8 @@ import math
 
 import torch
 
+from .config import SCHEDULE_CHOICES as SCHEDULES
 from .errors import UsageError
-
-SCHEDULES = ("constant", "cosine")
 
 
 class WarmupThen:

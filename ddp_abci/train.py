@@ -108,12 +108,12 @@ def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) 
     per_rank_batch(config.global_batch, launch.world_size)
     device = choose_device(launch)
     resolve_precision(config.amp, device)
-    resolve_comm(config.comm, launch, device)
+    comm = resolve_comm(config.comm, launch, device)
     with distributed(launch, timeout_s=config.timeout_s) as device:
         import torch.distributed as dist
 
         print_main(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
-                           f"backend {dist.get_backend()}, gradients via {resolve_comm(config.comm, launch, device)}, device {device}, "
+                           f"backend {dist.get_backend()}, gradients via {comm}, device {device}, "
                            f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
         trainer = Trainer(config, launch, device)
         try:
