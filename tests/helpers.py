@@ -27,8 +27,13 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
+def on_ranks(n: int, *program: str, mpirun_args: tuple[str, ...] = ()) -> list[str]:
+    """mpirun starting the venv's Python on n ranks of this machine: on_ranks(2, "script.py", ...)."""
+    return [MPIRUN, "-n", str(n), "--oversubscribe", *mpirun_args, PYTHON, *program]
+
+
 def mpirun_cmd(n: int, *args: str, module: str = "ddp_abci.train") -> list[str]:
-    return [MPIRUN, "-n", str(n), "--oversubscribe", PYTHON, "-m", module, *args]
+    return on_ranks(n, "-m", module, *args)
 
 
 def run(cmd: list[str], timeout: float = 90, **kw) -> subprocess.CompletedProcess:

@@ -1,12 +1,12 @@
 """The Accelerate variant really trains distributed, and the benchmark reports both sides."""
 import json
 import re
-import socket
 
 import pytest
 import torch
 
-from helpers import MPIRUN, PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, run
+from ddp_abci.rendezvous import free_port
+from helpers import PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, on_ranks, run
 
 pytest.importorskip("accelerate", reason="accelerate comes with the test extra: scripts/setup.sh installs it")
 pytestmark = pytest.mark.usefixtures("mpirun_available")
@@ -14,16 +14,9 @@ pytestmark = pytest.mark.usefixtures("mpirun_available")
 SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "1"]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def accelerate_run(*args, through=("-m",)):
-    cmd = [MPIRUN, "-n", "2", "--oversubscribe", "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={_free_port()}",
-           PYTHON, *through, "ddp_abci.accelerate_variant", *SMALL, *args]
-    return run(cmd)
+    rendezvous = ("-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port('127.0.0.1')}")
+    return run(on_ranks(2, *through, "ddp_abci.accelerate_variant", *SMALL, *args, mpirun_args=rendezvous))
 
 
 def test_the_variant_trains_distributed_with_the_seeds_intended_global_batch():
@@ -48,8 +41,7 @@ def test_the_variant_ends_gloos_threads_before_exit():
 
 
 def test_the_variant_refuses_to_start_without_the_rendezvous_variables():
-    proc = run(
-        [MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "-m", "ddp_abci.accelerate_variant", *SMALL])
+    proc = run(on_ranks(2, "-m", "ddp_abci.accelerate_variant", *SMALL))
     assert proc.returncode != 0
     assert "Accelerate needs MASTER_ADDR and MASTER_PORT" in proc.stdout
 
@@ -98,7 +90,7 @@ def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks():
     floor = run([PYTHON, "-m", "ddp_abci.bench_probes", "floor", "--bs", "50", "--steps", "25"])
     assert floor.returncode == 0, floor.stdout
     assert json.loads(floor.stdout.splitlines()[-1])["samples_per_s"] > 0
-    on_two = [MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "-m", "ddp_abci.bench_probes"]
+    on_two = on_ranks(2, "-m", "ddp_abci.bench_probes")
     lockstep = run([*on_two, "floor", "--bs", "25", "--threads", "1", "--lockstep", "--steps", "25"])
     assert lockstep.returncode == 0, lockstep.stdout
     assert json.loads(lockstep.stdout.splitlines()[-1])["step_ms"] > 0

@@ -1,7 +1,7 @@
 """The embedding API: cheap to import, usable without mpi4py, and the README's example runs."""
 import re
 
-from helpers import MPIRUN, PYTHON, REPO, assert_clean, run
+from helpers import PYTHON, REPO, assert_clean, on_ranks, run
 
 
 def test_importing_the_package_loads_neither_torch_nor_mpi4py():
@@ -22,6 +22,6 @@ def test_the_readme_embedding_example_trains_on_two_ranks(tmp_path):
     example = re.search(r"### Embedding it\n\n```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)[1]
     script = tmp_path / "example.py"
     script.write_text(example + "\nprint('rank', launch.rank, 'loss', float(loss))\n")
-    proc = run([MPIRUN, "-n", "2", "--oversubscribe", PYTHON, str(script)])
+    proc = run(on_ranks(2, str(script)))
     assert_clean(proc)
     assert "rank 0 loss" in proc.stdout and "rank 1 loss" in proc.stdout

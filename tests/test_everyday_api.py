@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers import PYTHON, MPIRUN, assert_clean, env, load, run, run_mpi, train
+from helpers import assert_clean, env, load, on_ranks, run, run_mpi, train
 from reference import item, reference_run
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
@@ -64,7 +64,7 @@ def test_evaluation_counts_every_held_out_item_exactly_once(tmp_path):
 
 
 def test_gather_reduce_and_main_process_first_on_real_ranks(tmp_path):
-    proc = run([MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "tests/collectives_script.py", str(tmp_path / "m")])
+    proc = run(on_ranks(2, "tests/collectives_script.py", str(tmp_path / "m")))
     assert_clean(proc)
     assert "rank 0: collectives ok" in proc.stdout and "rank 1: collectives ok" in proc.stdout
 

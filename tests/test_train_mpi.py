@@ -4,8 +4,8 @@ import re
 import pytest
 import torch
 
-from helpers import (MPIRUN, PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, load, run,
-                     run_mpi, same_tensors)
+from helpers import (assert_clean, assert_no_thread_outlives_the_process_group, load, on_ranks, run, run_mpi,
+                     same_tensors)
 from reference import reference_run
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
@@ -87,7 +87,7 @@ def test_gradients_through_mpi_equal_the_gloo_path_to_float_precision(two_rank_r
 @pytest.mark.parametrize("comm", ["gloo", "mpi"])
 def test_closing_the_process_group_ends_gloos_threads_before_exit(comm, tmp_path):
     # A mid-epoch stop: the path that saves, checks the replicas and gathers the summary last.
-    proc = run([MPIRUN, "-n", "2", "--oversubscribe", PYTHON, "tests/threads_at_exit.py", "ddp_abci.train",
-                *SMALL, "--comm", comm, "--max-steps", "11", "--ckpt-dir", str(tmp_path)])
+    proc = run(on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.train",
+                        *SMALL, "--comm", comm, "--max-steps", "11", "--ckpt-dir", str(tmp_path)))
     assert_clean(proc)
     assert_no_thread_outlives_the_process_group(proc)
