@@ -71,6 +71,19 @@ def test_train_args_and_the_checkpoint_folder_reach_the_trainer(localhost, tmp_p
     assert "at epoch 0, batch 3, step 3" in again.stdout  # a resubmitted job continues
 
 
+def test_slurms_srun_launcher_gets_the_same_trainer_arguments_as_mpirun(localhost, tmp_path):
+    fake = tmp_path / "bin" / "srun"  # no Slurm here: a stand-in that shows what it was asked to run
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "srun $*"\n')
+    fake.chmod(0o755)
+    e = job_env(localhost, LAUNCHER="srun", IFNAME="lo", CKPT_DIR=str(tmp_path / "ck"), TRAIN_ARGS="--epochs 7",
+                PATH=f"{fake.parent}:{VENV_BIN}:{os.environ['PATH']}")
+    proc = run(["bash", "scripts/slurm/train.sbatch", "--seed", "5"], env=e)
+    assert proc.returncode == 0, proc.stdout
+    assert (f"srun --mpi=pmix --ntasks-per-node=2 {PYTHON} -m ddp_abci.train --interface lo "
+            f"--ckpt-dir {tmp_path / 'ck'} --resume --epochs 7 --seed 5") in proc.stdout
+
+
 def test_sigterm_to_the_job_script_stops_the_ranks_with_their_log_and_exit_75(localhost, tmp_path):
     e = job_env(localhost, CKPT_DIR=str(tmp_path))
     proc = subprocess.Popen(["bash", "scripts/abci/train_abci3.sh", "--epochs", "1000", "--num-items", "400"],

@@ -86,6 +86,16 @@ load_modules() {  # MODULES: space-separated; skipped where the module system is
     fi
 }
 
+# TRAIN: the trainer and its arguments from the settings (IFNAME, CKPT_DIR, TRAIN_ARGS),
+# the same under mpirun and srun.
+trainer_args() {
+    TRAIN=(-m ddp_abci.train)
+    [ -n "${IFNAME:-}" ] && TRAIN+=(--interface "$IFNAME")
+    [ -n "${CKPT_DIR:-}" ] && TRAIN+=(--ckpt-dir "$CKPT_DIR" --resume)
+    # shellcheck disable=SC2206
+    TRAIN+=(${TRAIN_ARGS:-})
+}
+
 # Start mpirun and wait. SIGTERM at walltime is turned into SIGUSR1 for mpirun: Open MPI
 # forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM it forwards, then
 # ends the job and its output (ranks' last lines lost, a slow checkpoint cut short).
@@ -93,15 +103,13 @@ launch_training() {
     local per_node=$PER_NODE np=$(( ${#NODES[@]} * PER_NODE ))
     rank_command
     write_hostfile "$per_node"
-    local train=(-m ddp_abci.train)
-    [ -n "${IFNAME:-}" ] && train+=(--interface "$IFNAME")
-    [ -n "${CKPT_DIR:-}" ] && train+=(--ckpt-dir "$CKPT_DIR" --resume)
+    trainer_args
     # shellcheck disable=SC2206
-    local extra_mpi=(${MPI_ARGS:-}) extra_train=(${TRAIN_ARGS:-})
+    local extra_mpi=(${MPI_ARGS:-})
     echo "job $JOB_NUM: ${#NODES[@]} node(s) x $per_node rank(s) = $np, container ${CONTAINER}"
     "${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" --map-by "ppr:${per_node}:node" \
         -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} -x TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "${extra_mpi[@]}" \
-        "${RANK_CMD[@]}" "${train[@]}" "${extra_train[@]}" "$@" &
+        "${RANK_CMD[@]}" "${TRAIN[@]}" "$@" &
     local pid=$! rc=0
     trap 'kill -USR1 "$pid" 2>/dev/null' TERM USR1
     wait "$pid" || rc=$?
