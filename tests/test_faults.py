@@ -1,11 +1,12 @@
 """Nothing lost: exact resume, stop signals, a dead rank, and bad input refused before work."""
+import os
 import signal
 import socket
 import time
 
 import pytest
 
-from helpers import (assert_clean, env, load, run_mpi, same_tensors, signal_ranks, start_mpi, train,
+from helpers import (assert_clean, env, load, rank_pids, run_mpi, same_tensors, signal_ranks, start_mpi, train,
                      wait_for_line)
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
@@ -97,9 +98,9 @@ def test_a_killed_rank_ends_the_job_non_zero_within_a_minute_and_the_checkpoint_
     proc = start_mpi(2, *LONG, "--ckpt-dir", str(tmp_path))
     try:
         wait_for_line(proc, "epoch 2/1000")
-        victim = max(__import__("helpers").rank_pids(proc.pid))
+        victim = max(rank_pids(proc.pid))
         killed = time.monotonic()
-        __import__("os").kill(victim, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
         proc.communicate(timeout=60)
         assert time.monotonic() - killed < 60
     finally:
