@@ -26,7 +26,11 @@ _EXPORTS = {
     "rmse_loss": "model",
     "resolve_precision": "precision", "autocast": "precision", "make_scaler": "precision",
     "save_atomic": "checkpoint", "load_checkpoint": "checkpoint",
-    "TrainConfig": "config", "Trainer": "trainer", "UsageError": "errors",
+    "TrainConfig": "config", "Trainer": "trainer", "UsageError": "errors", "fit": "job",
+    "build_optimizer": "model", "seed_optimizer": "model", "AutoencoderLoss": "model",
+    "ShardBatchSampler": "data", "to_device": "data", "StopRequest": "signals", "EXIT_STOPPED": "signals",
+    "gather": "collectives", "gather_for_metrics": "collectives", "reduce": "collectives",
+    "print_main": "collectives", "wait_for_everyone": "collectives", "main_process_first": "collectives",
 }
 __all__ = sorted(_EXPORTS)
 

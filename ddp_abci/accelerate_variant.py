@@ -27,12 +27,13 @@ import sys
 import time
 from pathlib import Path
 
+from .cli import OneLineParser, report
 from .errors import UsageError
-from .train import _OneLineParser, _probably_rank0
+from .launch import launched_world_size
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(prog="python -m ddp_abci.accelerate_variant",
+    p = OneLineParser(prog="python -m ddp_abci.accelerate_variant",
                        description="The seed's Accelerate training loop, for comparison with ddp_abci.train.")
     p.add_argument("--epochs", type=int, default=200)
     p.add_argument("--bs", type=int, default=50, help="global batch (per-rank batch x world with --as-written)")
@@ -48,19 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _launched_world_size() -> int:
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 1
-
-
 def make_accelerator(amp: str, as_written: bool):
     """The seed's Accelerator(...), with the two Accelerate 1.x facts made explicit."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
 
-    launched = _launched_world_size()
+    launched = launched_world_size()
     if launched > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
         # Accelerate initialises with env://; it would stop with a traceback, or take port 29500.
         raise UsageError("Accelerate needs MASTER_ADDR and MASTER_PORT from the launcher: "
@@ -84,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except UsageError as e:
-        if _probably_rank0():
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return report(e)
 
 
 def run(args: argparse.Namespace) -> int:

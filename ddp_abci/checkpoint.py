@@ -1,16 +1,20 @@
 """Checkpoint: atomic writes of DIR/last.pt and validated, weights_only loads.
 
-Format (other tools read these keys): model, optimizer, scaler, epoch, step,
-world_size, config, plus for exact resume: batch_in_epoch, sampler_epoch,
-global_batch, rng, and format = FORMAT.
+Format (other tools read these keys): model, optimizer, scaler, scheduler, epoch, step,
+world_size, config, plus for exact resume: batch_in_epoch, global_batch, train_items,
+rng (rank 0's generators), rng_per_rank, and format = FORMAT. Checkpoints of earlier
+versions of this format (with a sampler_epoch key, without train_items or rng_per_rank)
+still load.
 """
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .errors import UsageError
@@ -18,7 +22,7 @@ from .errors import UsageError
 FORMAT = "ddp_abci/1"
 FILENAME = "last.pt"
 REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_size", "config",
-            "batch_in_epoch", "sampler_epoch", "global_batch", "rng")
+            "batch_in_epoch", "global_batch", "rng")
 
 
 class CheckpointError(UsageError):
@@ -87,7 +91,7 @@ def check_model_shape(state: dict[str, Any], model: torch.nn.Module, path: str |
             got = tuple(theirs[name].shape) if name in theirs else "missing"
             raise CheckpointError(
                 f"{path} holds another model shape ({name}: {got}, this model {tuple(tensor.shape)}); "
-                "use the same --dim-in/--dim-hidden or another --ckpt-dir"
+                "build the same model (for the seed's: the same --dim-in/--dim-hidden) or use another --ckpt-dir"
             )
     extra = set(theirs) - set(ours)
     if extra:
@@ -95,8 +99,14 @@ def check_model_shape(state: dict[str, Any], model: torch.nn.Module, path: str |
 
 
 def rng_state() -> dict[str, Any]:
-    """RNG states a resume restores (tensors and lists only, so weights_only can load them)."""
-    state = {"torch": torch.get_rng_state()}
+    """This process's RNG states: torch's (and CUDA's), Python's `random` and numpy's global
+    generator, which user datasets and augmentations draw from. Tensors and lists only, so
+    that weights_only can load them."""
+    version, keys, gauss = random.getstate()
+    kind, np_keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "random": [version, list(keys), gauss],
+             "numpy": [kind, torch.from_numpy(np_keys.astype(np.int64)), pos, has_gauss, cached]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -104,5 +114,11 @@ def rng_state() -> dict[str, Any]:
 
 def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
+    if "random" in state:  # absent from checkpoints written before they were saved
+        version, keys, gauss = state["random"]
+        random.setstate((version, tuple(keys), gauss))
+    if "numpy" in state:
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -58,6 +58,37 @@ def broadcast_error(launch: Launch, error: str | None) -> None:
         raise UsageError(box[0])
 
 
+def all_ranks(obj: object) -> list:
+    """Every rank's `obj` (any picklable value), in rank order, on every rank."""
+    if _world() == 1:
+        return [obj]
+    out = [None] * _world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def raise_if_any_rank_failed(error: str | None) -> None:
+    """Each rank's own verdict (None: fine), shared: if any rank failed, all raise the
+    first failing rank's message together, instead of the others waiting in a collective."""
+    first = next((e for e in all_ranks(error) if e), None)
+    if first:
+        raise UsageError(first)
+
+
+def check_replicas_agree(model: torch.nn.Module, launch: Launch) -> None:
+    """Every rank must end with the same weights; DDP guarantees it, this proves it once
+    per run (a float64 checksum of the parameters, compared by MIN and MAX)."""
+    if _world() == 1:
+        return
+    checksum = sum(p.detach().double().sum() for p in model.parameters()).reshape(1)
+    low, high = checksum.clone(), checksum.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if low.item() != high.item():
+        raise RuntimeError(f"replicas diverged: weight checksums range {low.item()!r} to {high.item()!r}")
+    print_main(launch, f"replicas agree: identical weights on all {_world()} ranks (checksum {high.item():.6f})")
+
+
 def gather(tensor: torch.Tensor) -> torch.Tensor:
     """Every rank's tensor, concatenated along dim 0 in rank order (same shape on all ranks)."""
     if _world() == 1:

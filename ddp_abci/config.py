@@ -10,6 +10,7 @@ from .errors import UsageError
 AMP_CHOICES = ("auto", "no", "fp16", "bf16")
 LOSS_CHOICES = ("rmse", "mse")
 SCHEDULE_CHOICES = ("constant", "cosine")
+SPLIT_CHOICES = ("strided", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class TrainConfig:
     schedule: str = "constant"        # after warm-up: constant or cosine (to zero at the last step)
     metrics_jsonl: str | None = None  # rank 0 appends one JSON line per optimizer step
     compile: bool = False             # torch.compile the model before wrapping it in DDP
+    split: str = "strided"            # each global batch over the ranks: strided (DistributedSampler) or contiguous
 
     def __post_init__(self) -> None:
         positive = {"epochs": self.epochs, "--bs": self.global_batch, "dim_in": self.dim_in,
@@ -67,6 +69,8 @@ class TrainConfig:
             raise UsageError("--clip-norm and --eval-every must be 0 or more")
         if self.eval_every and self.eval_items < 1:
             raise UsageError(f"--num-items {self.num_items} leaves no held-out items for --eval-every")
+        if self.split not in SPLIT_CHOICES:
+            raise UsageError(f"unknown --split {self.split!r}; use {' or '.join(SPLIT_CHOICES)}")
         if self.resume and not self.ckpt_dir:
             raise UsageError("--resume needs --ckpt-dir DIR (the folder holding last.pt)")
 

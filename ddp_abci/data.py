@@ -1,12 +1,13 @@
-"""Data: the seed's toy dataset and the per-rank loader built on DistributedSampler."""
+"""Data: the seed's toy dataset, batches of any structure, and the per-rank loader built on DistributedSampler."""
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate
 
+from .config import SPLIT_CHOICES as SPLITS
 from .errors import UsageError
 from .launch import Launch
 
@@ -15,9 +16,11 @@ class LinspaceDataset(Dataset):
     """Item i is linspace(0, i, dim) as float32 (the seed's DummyDataset), for i in [start, start + num_items).
 
     Indexed with a list of indices it returns the whole batch as one contiguous tensor,
-    equal row by row to the items: build_loader fetches batches this way, with one
-    vectorised linspace instead of a Python loop and a torch.stack copy.
+    equal row by row to the items (`batched_getitem`): build_loader then fetches each batch
+    with one vectorised linspace instead of a Python loop and a collate copy.
     """
+
+    batched_getitem = True
 
     def __init__(self, dim: int = 1000, num_items: int = 10000, start: int = 0) -> None:
         self.dim = dim
@@ -34,6 +37,65 @@ class LinspaceDataset(Dataset):
         return torch.from_numpy(np.linspace(0, stops, self.dim, axis=1).astype(np.float32, order="C"))
 
 
+class BatchedView(Dataset):
+    """Any map-style dataset seen through `view[list_of_indices]` -> one collated batch.
+
+    Items may be tensors, numbers, numpy arrays, or tuples, lists and dicts of them
+    (nested); torch's default_collate stacks them into a batch of the same structure.
+    A dataset that already answers a list of indices with a batch (`batched_getitem =
+    True`, like LinspaceDataset) is used as it is.
+    """
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: Sequence[int]) -> Any:
+        return default_collate([self.dataset[i] for i in indices])
+
+
+def batch_fetcher(dataset: Dataset) -> Dataset:
+    """What the loader indexes with each batch's list of indices."""
+    return dataset if getattr(dataset, "batched_getitem", False) else BatchedView(dataset)
+
+
+def check_item(item: Any, where: str = "item 0") -> None:
+    """Refuse, naming the fix, an item that default_collate cannot batch the same way each time."""
+    if isinstance(item, (torch.Tensor, np.ndarray, int, float, bool)):
+        return
+    if isinstance(item, (tuple, list)):
+        for i, part in enumerate(item):
+            check_item(part, f"{where}[{i}]")
+        return
+    if isinstance(item, dict):
+        for key, part in item.items():
+            check_item(part, f"{where}[{key!r}]")
+        return
+    raise UsageError(f"the dataset's {where} is a {type(item).__name__}; return tensors (or numbers), "
+                     "or tuples, lists or dicts of them, from __getitem__")
+
+
+def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """The batch on `device`, same structure (tensors inside tuples, lists and dicts, nested)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(b, device, non_blocking) for b in batch)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+    return batch
+
+
+def batch_len(batch: Any) -> int:
+    """Items in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    parts = batch.values() if isinstance(batch, dict) else batch
+    return batch_len(next(iter(parts)))
+
+
 def per_rank_batch(global_batch: int, world_size: int) -> int:
     """--bs is the global batch (the seed's split_batches=True intent); each rank takes its share."""
     if global_batch < 1 or global_batch % world_size:
@@ -48,15 +110,24 @@ class ShardBatchSampler(DistributedSampler):
     """DistributedSampler that yields this rank's batches (lists of indices) and can begin
     an epoch part-way through, for exact resume.
 
-    Rank r takes positions r, r+W, r+2W, ... of the epoch's shuffled order, so after k
-    global batches of B the first k*B positions are consumed on every world size W that
-    divides B: skipping k batches of B/W on each rank resumes exactly.
+    The epoch's shuffled order (DistributedSampler's: randperm seeded with seed + epoch,
+    padded to a multiple of W) is cut into global batches of B = W * b; how each global
+    batch is shared out is the only difference between the two splits:
+
+    * strided (DistributedSampler's own): rank r takes positions r, r+W, r+2W, ...
+    * contiguous (Accelerate's split_batches): rank r takes the r-th slice of b positions.
+
+    Either way, after k global batches the first k*B positions are consumed on every world
+    size W that divides B: skipping k batches on each rank resumes exactly.
     """
 
     def __init__(self, dataset: Dataset, launch: Launch, batch_size: int, *, shuffle: bool = True,
-                 seed: int = 0) -> None:
+                 seed: int = 0, split: str = "strided") -> None:
+        if split not in SPLITS:
+            raise UsageError(f"unknown --split {split!r}; use {' or '.join(SPLITS)}")
         super().__init__(dataset, num_replicas=launch.world_size, rank=launch.rank, shuffle=shuffle, seed=seed)
         self.batch_size = batch_size
+        self.split = split
         self.skip_batches = 0
 
     def start_epoch(self, epoch: int, skip_batches: int = 0) -> None:
@@ -65,8 +136,34 @@ class ShardBatchSampler(DistributedSampler):
         self.set_epoch(epoch)
         self.skip_batches = skip_batches
 
+    def epoch_order(self) -> list[int]:
+        """The epoch's order of all ranks' positions, as DistributedSampler makes it: a
+        randperm seeded with seed + epoch (or 0..N-1), padded by repeating its start to a
+        multiple of the world size so that every rank gets the same number of items."""
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=g).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        while len(order) < self.total_size:
+            order += order[:self.total_size - len(order)]
+        return order
+
+    def shard(self) -> list[int]:
+        """This rank's positions of the epoch, in the order they are trained."""
+        order, world, rank = self.epoch_order(), self.num_replicas, self.rank
+        if self.split == "strided":
+            return order[rank::world]
+        shard, global_batch = [], self.batch_size * world
+        for first in range(0, self.total_size, global_batch):
+            chunk = order[first:first + global_batch]
+            part = len(chunk) // world  # a shorter last batch is shared out evenly too
+            shard += chunk[rank * part:(rank + 1) * part]
+        return shard
+
     def __iter__(self) -> Iterator[list[int]]:
-        indices = list(super().__iter__())
+        indices = self.shard()
         for first in range(self.skip_batches * self.batch_size, len(indices), self.batch_size):
             yield indices[first:first + self.batch_size]
 
@@ -81,20 +178,21 @@ def build_loader(
     *,
     seed: int = 0,
     shuffle: bool = True,
+    split: str = "strided",
     workers: int = 0,
     pin_memory: bool = False,
     persistent_workers: bool = True,
 ) -> DataLoader:
     """Each rank's DataLoader: global_batch/world items a step from a disjoint shard.
 
-    The sampler hands out whole batches (batch_size=None tells the DataLoader not to batch
-    again), so the dataset is indexed once per batch. Call `loader.sampler.start_epoch(e)`
-    (or `set_epoch(e)`) before every epoch.
+    The sampler hands out whole batches of indices (batch_size=None tells the DataLoader
+    not to batch again) and `batch_fetcher` turns each into one batch. Call
+    `loader.sampler.start_epoch(e)` (or `set_epoch(e)`) before every epoch.
     """
     sampler = ShardBatchSampler(dataset, launch, per_rank_batch(global_batch, launch.world_size),
-                                shuffle=shuffle, seed=seed)
+                                shuffle=shuffle, seed=seed, split=split)
     return DataLoader(
-        dataset,
+        batch_fetcher(dataset),
         batch_size=None,
         sampler=sampler,
         num_workers=workers,

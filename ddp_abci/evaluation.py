@@ -1,33 +1,65 @@
-"""Evaluation on a held-out split: no_grad, autocast, exact mean RMSE over every item once."""
+"""Evaluation on a held-out set: no_grad, autocast, every item counted exactly once across ranks."""
 from __future__ import annotations
+
+from typing import Any, Callable, Mapping
 
 import torch
 from torch.utils.data import Dataset
 
-from .collectives import gather_for_metrics
-from .data import ShardBatchSampler
+from .collectives import gather_for_metrics, reduce
+from .data import ShardBatchSampler, batch_fetcher, batch_len, to_device
 from .launch import Launch
+from .model import LossFn
 from .precision import autocast
+
+# A metric maps (model, batch) to one value per item of the batch: accuracy's 0/1, an RMSE.
+MetricFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, dataset: Dataset, launch: Launch, device: torch.device, precision: str,
-             per_rank_batch: int) -> tuple[float, int]:
-    """Mean over the split's items of each item's RMSE, and how many items that counted.
+def evaluate(model: torch.nn.Module, dataset: Dataset, loss_fn: LossFn, launch: Launch, device: torch.device,
+             precision: str, per_rank_batch: int,
+             metrics: Mapping[str, MetricFn] | None = None) -> tuple[dict[str, float], int]:
+    """({"loss": mean, metric: mean, ...}, how many items counted), the same on every rank.
 
-    Each rank evaluates its shard (padded by DistributedSampler to equal length); the
-    per-item values travel with their indices, so the padding's repeats are dropped.
+    The loss is the mean of loss_fn over the items, each batch weighted by its size (exact
+    for a per-item-mean loss such as cross-entropy). Each metric is the exact mean of its
+    per-item values: they travel with their indices through gather_for_metrics.
+    DistributedSampler's padding (it repeats items so that shards are equal) is left out
+    here, so each rank evaluates only its own items, and none twice.
     """
     was_training = model.training
     model.eval()
     sampler = ShardBatchSampler(dataset, launch, per_rank_batch, shuffle=False)
-    values, indices = [], []
-    for idx in sampler:
-        x = dataset[idx].to(device, non_blocking=True)
+    own = sampler.shard()[:len(range(launch.rank, len(dataset), launch.world_size))]  # no padding
+    fetch = batch_fetcher(dataset)
+    loss_sum, count = torch.zeros((), dtype=torch.float64, device=device), 0
+    values: dict[str, list[torch.Tensor]] = {name: [] for name in metrics or {}}
+    for first in range(0, len(own), per_rank_batch):
+        idx = own[first:first + per_rank_batch]
+        batch = to_device(fetch[idx], device, non_blocking=True)
         with autocast(precision, device):
-            y = model(x)
-        values.append(((x - y.float()) ** 2).mean(dim=1).sqrt())
-        indices.append(torch.tensor(idx, device=device))
+            loss_sum += loss_fn(model, batch).double() * batch_len(batch)
+            for name, fn in (metrics or {}).items():
+                values[name].append(fn(model, batch).detach().double().reshape(-1))
+        count += len(idx)
     model.train(was_training)
-    per_item, _ = gather_for_metrics(torch.cat(values), torch.cat(indices))
-    return per_item.mean().item(), per_item.numel()
+    totals = reduce(torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64, device=device)]), "sum")
+    results = {"loss": (totals[0] / totals[1].clamp(min=1)).item()}
+    indices = torch.tensor(own, device=device)
+    for name, parts in values.items():
+        results[name] = _mean_once(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=device),
+                                   indices, sampler.num_samples)
+    return results, int(totals[1].item())
+
+
+def _mean_once(values: torch.Tensor, indices: torch.Tensor, padded_len: int) -> float:
+    """Mean over all ranks' items of per-item values: each rank pads to the same length (a
+    gather needs equal shapes) with a repeat of its own first item, which
+    gather_for_metrics then drops as the repeat it is."""
+    pad = padded_len - values.numel()
+    if pad:
+        values = torch.cat([values, values[:1].expand(pad)])
+        indices = torch.cat([indices, indices[:1].expand(pad)])
+    kept, _ = gather_for_metrics(values, indices)
+    return kept.mean().item()

@@ -120,6 +120,25 @@ def _launched_size(env: Mapping[str, str]) -> int | None:
     return None
 
 
+# The environment sniffer, for the moments before (or without) a Launch: each launcher's
+# rank and world-size variables, in the order discover_launch reads them.
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID")
+_WORLD_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
+
+
+def launched_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's rank as its launcher's variables say (0 without a launcher), read
+    without MPI: where an error must be printed once before the launch is discovered."""
+    env = os.environ if environ is None else environ
+    return next((int(env[v]) for v in _RANK_VARS if env.get(v, "").isdigit()), 0)
+
+
+def launched_world_size(environ: Mapping[str, str] | None = None) -> int:
+    """How many ranks the launcher started, as its variables say (1 without a launcher)."""
+    env = os.environ if environ is None else environ
+    return next((int(env[v]) for v in _WORLD_VARS if env.get(v, "").isdigit()), 1)
+
+
 # Each reader returns (rank, world, local_rank, local_world) or None when its launcher is absent.
 def _torchrun(env: Mapping[str, str]):
     if "RANK" not in env or "WORLD_SIZE" not in env:

@@ -6,23 +6,18 @@ hands them to the Trainer; every decision lives in the module named for it.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 
-from .config import TrainConfig
+from .cli import OneLineParser, report
+from .config import SPLIT_CHOICES, TrainConfig
 from .errors import UsageError
 from .signals import StopRequest
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default prints the whole usage first
-        self.exit(2, f"{self.prog}: error: {message}; see --help\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
-    p = _OneLineParser(prog="python -m ddp_abci.train",
+    p = OneLineParser(prog="python -m ddp_abci.train",
                        description="Train the seed's autoencoder with DistributedDataParallel.")
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--bs", type=int, default=d.global_batch, help="global batch, split over the ranks")
@@ -58,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--schedule", default=d.schedule, help="constant or cosine, after the warm-up")
     extra.add_argument("--metrics-jsonl", default=None, help="rank 0 appends one JSON line per optimizer step")
     extra.add_argument("--compile", action="store_true", help="torch.compile the model before DDP")
+    extra.add_argument("--split", default=d.split, choices=SPLIT_CHOICES,
+                       help="how each global batch is shared out: strided (DistributedSampler's every W-th "
+                            "item) or contiguous (a slice each, as Accelerate's split_batches)")
     net = p.add_argument_group("rendezvous (default: MASTER_ADDR/MASTER_PORT, else chosen by rank 0)")
     net.add_argument("--master-addr", default=None, help="rank 0's address for the rendezvous")
     net.add_argument("--master-port", type=int, default=None)
@@ -75,6 +73,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         log_every_s=args.log_every_s, stop_check_every=args.stop_check_every, summary_json=args.summary_json,
         comm=args.comm, accum=args.accum, loss=args.loss, clip_norm=args.clip_norm, eval_every=args.eval_every,
         warmup_steps=args.warmup_steps, schedule=args.schedule, metrics_jsonl=args.metrics_jsonl, compile=args.compile,
+        split=args.split,
     )
 
 
@@ -85,53 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     with StopRequest() as stop:
         try:
             config = config_from_args(args)
-            return run(config, stop, master_addr=args.master_addr, master_port=args.master_port,
-                       interface=args.interface)
         except UsageError as e:
-            if _probably_rank0() or not e.same_on_every_rank:
-                print(f"error: {e}", file=sys.stderr, flush=True)
-            return 2
+            return report(e)
+        from .job import fit
 
-
-def run(config: TrainConfig, stop: StopRequest | None = None, **launch_options) -> int:
-    """Discover the launch, check what can be checked without the others, train, tear down."""
-    # Imported here so that `--help` and bad flags answer without loading torch.
-    from .comm_hook import resolve_comm
-    from .data import per_rank_batch
-    from .launch import discover_launch
-    from .precision import resolve_precision
-    from .process_group import choose_device, distributed
-    from .collectives import print_main
-    from .trainer import Trainer
-
-    launch = discover_launch(**launch_options)
-    per_rank_batch(config.global_batch, launch.world_size)
-    device = choose_device(launch)
-    resolve_precision(config.amp, device)
-    comm = resolve_comm(config.comm, launch, device)
-    with distributed(launch, timeout_s=config.timeout_s) as device:
-        import torch.distributed as dist
-
-        print_main(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
-                           f"backend {dist.get_backend()}, gradients via {comm}, device {device}, "
-                           f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
-        trainer = Trainer(config, launch, device)
-        try:
-            return trainer.run(stop)
-        finally:
-            # DDP holds the process group: free it (and its reference cycles) before the
-            # group is closed, so that closing really frees it and gloo joins its worker
-            # threads here, not never (see process_group.close_process_group).
-            del trainer
-            gc.collect()
-
-
-def _probably_rank0() -> bool:
-    """Before (or without) a Launch, print errors once: every rank hits the same one."""
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            return os.environ[var] == "0"
-    return True
+        return fit(config=config, stop=stop, master_addr=args.master_addr, master_port=args.master_port,
+                   interface=args.interface)
 
 
 if __name__ == "__main__":

@@ -1,28 +1,37 @@
-"""Training loop: the whole DDP life cycle of one run, read top to bottom in Trainer.run."""
+"""Training loop: the whole DDP life cycle of one run, read top to bottom in Trainer.run.
+
+The Trainer trains any model: pass `model`, `train_set`, `loss_fn(model, batch)` and an
+`optimizer` factory, or leave them out for the seed's job (its autoencoder on
+LinspaceDataset, RMSE, Adam with betas (0, 0.99)).
+"""
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
-import json
-import resource
+import random
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from torch.utils.data import Dataset
 
 from . import checkpoint as ckpt
-from .collectives import broadcast_error, print_main, reduce, wait_for_everyone
+from . import preflight
+from .collectives import all_ranks, check_replicas_agree, print_main, reduce, wait_for_everyone
 from .comm_hook import mpi_max, register_mpi_hook, resolve_comm
 from .config import TrainConfig
-from .data import LinspaceDataset, build_loader, per_rank_batch
+from .data import LinspaceDataset, batch_len, build_loader, per_rank_batch, to_device
 from .errors import UsageError
-from .evaluation import evaluate
+from .evaluation import MetricFn, evaluate
 from .launch import Launch
-from .metrics import Clock, MetricsLog
-from .model import LOSSES, build_model, build_optimizer, compile_model, unwrap, wrap_model
+from .metrics import Clock, MetricsLog, peak_memory_mib, write_summary
+from .model import AutoencoderLoss, LossFn, OptimizerFactory, build_model, compile_model, seed_optimizer, unwrap, \
+    wrap_model
 from .precision import autocast, make_scaler, resolve_precision
 from .schedule import build_schedule
 from .signals import EXIT_STOPPED, StopRequest, signal_name
@@ -32,10 +41,37 @@ class StepResult(NamedTuple):
     loss: torch.Tensor         # mean of the micro-batch losses, detached
     skipped: bool              # fp16 overflow: GradScaler skipped optimizer.step
     grad_norm: float | None    # total gradient norm before clipping (with --clip-norm)
+    samples: int               # items trained in this step, over all ranks
+
+
+class LossFnFailed(UsageError):
+    """loss_fn raised during training: this rank's own failure, printed by this rank."""
+
+    same_on_every_rank = False
+
+
+def seed_datasets(config: TrainConfig) -> tuple[Dataset, Dataset | None]:
+    """The seed's data: LinspaceDataset, its last 10% held out when --eval-every is set."""
+    train_items = config.num_items - config.eval_items
+    eval_set = LinspaceDataset(config.dim_in, config.eval_items, start=train_items) if config.eval_items else None
+    return LinspaceDataset(config.dim_in, train_items), eval_set
+
+
+def seed_everything(seed: int) -> None:
+    """torch, random and numpy, as accelerate.utils.set_seed does. The Trainer passes
+    seed + rank (nanoGPT's seed offset): dropout and augmentations differ between ranks,
+    while DDP's broadcast at wrapping makes the starting weights rank 0's on all."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, launch: Launch, device: torch.device) -> None:
+    def __init__(self, config: TrainConfig, launch: Launch, device: torch.device, *,
+                 model: torch.nn.Module | None = None, train_set: Dataset | None = None,
+                 eval_set: Dataset | None = None, loss_fn: LossFn | None = None,
+                 optimizer: OptimizerFactory | None = None, metrics: Mapping[str, MetricFn] | None = None,
+                 on_eval: Callable[[dict[str, float]], None] | None = None) -> None:
         self.config, self.launch, self.device = config, launch, device
         self.precision = resolve_precision(config.amp, device)
         self.per_rank_batch = per_rank_batch(config.global_batch, launch.world_size)
@@ -43,35 +79,61 @@ class Trainer:
         self.batch_in_epoch = 0  # global batches of that epoch already trained
         self.step = 0            # optimizer steps taken (skipped fp16 steps included)
         self.clock = Clock()
-        snapshot = self._preflight()
+        if train_set is None:
+            train_set, default_eval = seed_datasets(config)
+            eval_set = default_eval if eval_set is None else eval_set
+        self.train_set, self.eval_set, self.on_eval = train_set, eval_set, on_eval
+        self.loss_fn = loss_fn or AutoencoderLoss(config.loss)
+        self.eval_metrics = dict(metrics) if metrics is not None else _default_metrics(self.loss_fn)
+        self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
 
-        train_items = config.num_items - config.eval_items
-        self.eval_set = LinspaceDataset(config.dim_in, config.eval_items, start=train_items) if config.eval_items else None
-        pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
-        self.loader = build_loader(LinspaceDataset(config.dim_in, train_items), launch, config.global_batch,
-                                   seed=config.seed, workers=config.workers, pin_memory=pin,
-                                   persistent_workers=config.persistent_workers)
-        self.batches_per_epoch = len(self.loader.sampler)  # micro-batches; --accum of them make a step
-        self.loss_fn = LOSSES[config.loss]
-        model = build_model(config.seed, config.dim_in, config.dim_hidden)
+        preflight.check_data(train_set, eval_set, config, launch)
+        snapshot = preflight.check_files(config, launch, self.ckpt_file, len(train_set))
+        seed_everything(config.seed + launch.rank)
+        model = build_model(config.seed, config.dim_in, config.dim_hidden) if model is None else model
         if snapshot is not None:
             ckpt.check_model_shape(snapshot, model, self.ckpt_file)
             model.load_state_dict(snapshot["model"])  # before DDP: it broadcasts rank 0's weights
+        preflight.dry_run(model.to(device), train_set, self.loss_fn, self.precision, device, self.per_rank_batch)
         if config.compile:
             model = compile_model(model, device)  # before DDP, so DDP sees the compiled graph
         self.model = wrap_model(model, device, launch.world_size)
         self.comm = resolve_comm(config.comm, launch, device)
         if launch.world_size > 1 and self.comm == "mpi":
             register_mpi_hook(self.model)
-        self.optimizer = build_optimizer(self.model, config.lr, config.betas)
+
+        self.pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
+        self.loader = build_loader(train_set, launch, config.global_batch, seed=config.seed, split=config.split,
+                                   workers=config.workers, pin_memory=self.pin,
+                                   persistent_workers=config.persistent_workers)
+        self.sampler = self.loader.sampler
+        self.batches_per_epoch = len(self.sampler)  # micro-batches; --accum of them make a step
+        self.optimizer = (optimizer or seed_optimizer(config.lr, config.betas))(self.model.parameters())
         self.scaler = make_scaler(self.precision, device)
         steps_per_epoch = -(-self.batches_per_epoch // config.accum)
         self.scheduler = build_schedule(self.optimizer, config.schedule, config.warmup_steps,
                                         config.max_steps or config.epochs * steps_per_epoch)
-        self.metrics = (MetricsLog(config.metrics_jsonl, config.global_batch * config.accum)
-                        if config.metrics_jsonl and launch.is_main else None)
+        self.metrics = MetricsLog(config.metrics_jsonl) if config.metrics_jsonl and launch.is_main else None
         if snapshot is not None:
             self._load_snapshot(snapshot)
+
+    # -- life cycle: `with Trainer(...) as trainer:` frees what holds the process group ------
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release DDP, its hooks and the optimizer, so that the process group can really be
+        freed when it is closed: gloo joins its worker threads only when the last reference
+        goes (see process_group.close_process_group). Safe to call twice."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        self.model = self.optimizer = self.scheduler = self.loader = self.sampler = None
+        gc.collect()  # DDP's reducer sits in reference cycles
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -79,61 +141,28 @@ class Trainer:
     def ckpt_file(self) -> Path | None:
         return ckpt.checkpoint_path(self.config.ckpt_dir) if self.config.ckpt_dir else None
 
-    def _preflight(self) -> dict | None:
-        """Check the files this run writes before any work: rank 0 decides, all ranks obey.
-        Returns the snapshot to resume from, loaded (weights_only) on every rank."""
-        path, error, checked = self.ckpt_file, None, None
-        if self.launch.is_main and self.config.metrics_jsonl:
-            try:
-                open(self.config.metrics_jsonl, "a").close()
-            except OSError as e:
-                error = f"--metrics-jsonl {self.config.metrics_jsonl} cannot be written ({e.strerror}); choose a writable path"
-        if path is not None and self.launch.is_main and error is None:
-            try:
-                ckpt.check_writable(path.parent)
-                if path.exists() and not self.config.resume:
-                    raise ckpt.CheckpointError(
-                        f"{path} exists and would be overwritten; pass --resume to continue it, "
-                        "or choose another --ckpt-dir")
-                if path.exists():
-                    checked = ckpt.load_checkpoint(path)
-                    self._check_resumable(checked)
-            except UsageError as e:
-                error = str(e)
-            except Exception as e:  # anything else too: the other ranks wait in the broadcast
-                error = f"checking {path} failed: {e!r}"
-        broadcast_error(self.launch, error)
-        if path is None or not self.config.resume:
-            return None
-        if not path.exists():
-            print_main(self.launch, f"resume: no checkpoint at {path}; starting fresh")
-            return None
-        return checked if checked is not None else ckpt.load_checkpoint(path)  # rank 0 has it already
-
-    def _check_resumable(self, snapshot: dict) -> None:
-        if snapshot["global_batch"] != self.config.global_batch:
-            raise ckpt.CheckpointError(
-                f"{self.ckpt_file} was written with global batch {snapshot['global_batch']}; "
-                f"resume with --bs {snapshot['global_batch']} (an exact resume needs the same batch)")
-
     def _load_snapshot(self, snapshot: dict) -> None:
         self.optimizer.load_state_dict(snapshot["optimizer"])
         self.scaler.load_state_dict(snapshot["scaler"])
         if self.scheduler is not None and snapshot.get("scheduler"):
             self.scheduler.load_state_dict(snapshot["scheduler"])
-        ckpt.restore_rng(snapshot["rng"])
+        per_rank = snapshot.get("rng_per_rank")
+        same_world = snapshot["world_size"] == self.launch.world_size
+        ckpt.restore_rng(per_rank[self.launch.rank] if per_rank and same_world else snapshot["rng"])
         self.epoch, self.batch_in_epoch, self.step = snapshot["epoch"], snapshot["batch_in_epoch"], snapshot["step"]
         note = ""
-        if snapshot["world_size"] != self.launch.world_size:
+        if not same_world:
             note = (f"; world size changed {snapshot['world_size']} -> {self.launch.world_size}, "
                     f"global batch {self.config.global_batch} kept, so each rank now takes {self.per_rank_batch}")
-        print_main(self.launch, f"resume: {self.ckpt_file} at epoch {self.epoch}, batch {self.batch_in_epoch}, step {self.step}{note}")
+        print_main(self.launch, f"resume: {self.ckpt_file} at epoch {self.epoch}, batch {self.batch_in_epoch}, "
+                                f"step {self.step}{note}")
 
     def _save_snapshot(self) -> None:
         """Rank 0 writes atomically; the others wait so that nobody runs ahead of a checkpoint
         that may still fail (or exits while rank 0 is writing)."""
         if self.ckpt_file is None:
             return
+        rng_per_rank = all_ranks(ckpt.rng_state())  # every rank's generators, for an exact resume
         if self.launch.is_main:
             ckpt.save_atomic({
                 "format": ckpt.FORMAT,
@@ -143,29 +172,31 @@ class Trainer:
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 "epoch": self.epoch,
                 "batch_in_epoch": self.batch_in_epoch,
-                "sampler_epoch": self.loader.sampler.epoch,
                 "step": self.step,
                 "global_batch": self.config.global_batch,
+                "train_items": len(self.train_set),
                 "world_size": self.launch.world_size,
                 "config": self.config.to_dict(),
-                "rng": ckpt.rng_state(),
+                "rng": rng_per_rank[0],
+                "rng_per_rank": rng_per_rank,
             }, self.ckpt_file)
         wait_for_everyone()
 
-    # -- the loop ----------------------------------------------------------------------
+    # -- one step ----------------------------------------------------------------------
 
-    def train_step(self, micro_batches: list[torch.Tensor]) -> StepResult:
+    def train_step(self, micro_batches: list[Any]) -> StepResult:
         """One optimizer step over the micro-batches (--accum of them; one by default)."""
         self.optimizer.zero_grad(set_to_none=True)
-        count, loss_sum = len(micro_batches), torch.zeros((), device=self.device)
-        for i, x in enumerate(micro_batches):
+        count, loss_sum, samples = len(micro_batches), torch.zeros((), device=self.device), 0
+        for i, batch in enumerate(micro_batches):
             with self._grad_sync(last=i == count - 1):
                 with autocast(self.precision, self.device):
-                    loss = self.loss_fn(x, self.model(x))
+                    loss = self._loss(batch)
                 # / count: the accumulated gradient is that of the micro-batch losses' mean.
                 # DDP all-reduces gradient buckets during the last micro-batch's backward.
                 self.scaler.scale(loss / count).backward()
             loss_sum += loss.detach()
+            samples += batch_len(batch)
         grad_norm = None
         if self.config.clip_norm:
             self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
@@ -173,7 +204,15 @@ class Trainer:
         skipped = self._optimizer_step()
         if self.scheduler is not None and not skipped:
             self.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
-        return StepResult(loss_sum / count, skipped, grad_norm)
+        return StepResult(loss_sum / count, skipped, grad_norm, samples * self.launch.world_size)
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        try:
+            return self.loss_fn(self.model, batch)
+        except Exception as e:  # the preflight's dry run passed: this batch is what differs
+            raise LossFnFailed(f"loss_fn raised {type(e).__name__}: {str(e).strip()[:200]} at step {self.step + 1} "
+                               f"on rank {self.launch.rank}; fix the loss function for this batch, then resume "
+                               "with --resume") from None
 
     def _grad_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """DDP's no_sync() around all but the last micro-batch's forward and backward: it
@@ -195,6 +234,8 @@ class Trainer:
         self.scaler.update()
         return self.scaler.get_scale() < before
 
+    # -- the loop ----------------------------------------------------------------------
+
     def run(self, stop: StopRequest | None = None) -> int:
         """Train until --epochs or --max-steps, or until a stop signal; returns the exit status.
 
@@ -203,77 +244,80 @@ class Trainer:
         accum = f", {cfg.accum} micro-batches a step" if cfg.accum > 1 else ""
         print_main(launch, f"training: {cfg.epochs} epochs of {self.batches_per_epoch} batches{accum}, global batch "
                            f"{cfg.global_batch} ({self.per_rank_batch} per rank), precision {self.precision}, "
-                           f"loss {cfg.loss}, checkpoints {self.ckpt_file or 'off'}")
+                           f"checkpoints {self.ckpt_file or 'off'}")
         stopped_by, last_loss, steps_before = 0, float("nan"), self.step
         stop = stop or StopRequest()
-        while self.epoch < cfg.epochs and not self._max_steps_reached() and not stopped_by:
-            self.loader.sampler.start_epoch(self.epoch, skip_batches=self.batch_in_epoch)
+        while not self._finished() and not stopped_by:
+            if self.batch_in_epoch >= self.batches_per_epoch:  # never an empty epoch, never a spin
+                raise UsageError(f"resume position batch {self.batch_in_epoch} lies past the epoch's "
+                                 f"{self.batches_per_epoch} batches; resume with the dataset the checkpoint was made with")
+            self.sampler.start_epoch(self.epoch, skip_batches=self.batch_in_epoch)
             last_loss, stopped_by = self._run_epoch(stop)
             if self.batch_in_epoch == self.batches_per_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
                 self._save_snapshot()
-                if cfg.eval_every and self.epoch % cfg.eval_every == 0:
+                if self.eval_every and self.epoch % self.eval_every == 0:
                     self._evaluate()
         if self.batch_in_epoch:
             self._save_snapshot()  # stopped mid-epoch, by a signal or --max-steps
+            if self.eval_every and self._finished():
+                self._evaluate()  # a run that ends on --max-steps is evaluated at its end
         if self.metrics is not None:
             self.metrics.close()
-        self._check_replicas_agree()
+            self.metrics = None
+        check_replicas_agree(self.model, launch)
         self._write_summary(last_loss, stopped_by)
-        if stopped_by:
-            print_main(launch, f"stopped on {signal_name(stopped_by)} at epoch {self.epoch + 1} batch {self.batch_in_epoch} "
-                               f"(step {self.step}); checkpoint {self.ckpt_file or 'off (no --ckpt-dir)'}; "
-                               f"resume with --resume; exit {EXIT_STOPPED}")
+        return self._report_end(stopped_by, last_loss, steps_before)
+
+    def _report_end(self, stopped_by: int, last_loss: float, steps_before: int) -> int:
+        """Exit 75 only when work is left: a stop agreed on the very last step completed the run."""
+        launch = self.launch
+        if stopped_by and not self._finished():
+            print_main(launch, f"stopped on {signal_name(stopped_by)} at epoch {self.epoch + 1} batch "
+                               f"{self.batch_in_epoch} (step {self.step}); checkpoint "
+                               f"{self.ckpt_file or 'off (no --ckpt-dir)'}; resume with --resume; exit {EXIT_STOPPED}")
             return EXIT_STOPPED
         if self.step == steps_before:
             print_main(launch, f"nothing to train: already at epoch {self.epoch}, step {self.step}")
         else:
-            print_main(launch, f"done: {self.step} steps, last epoch loss {last_loss:.4f}")
+            late = f" ({signal_name(stopped_by)} arrived at the last step: the run is complete)" if stopped_by else ""
+            print_main(launch, f"done: {self.step} steps, last epoch loss {last_loss:.4f}{late}")
         return 0
 
+    def _finished(self) -> bool:
+        max_steps = self.config.max_steps
+        return self.epoch >= self.config.epochs or (bool(max_steps) and self.step >= max_steps)
+
     def _evaluate(self) -> None:
-        mean, count = evaluate(unwrap(self.model), self.eval_set, self.launch, self.device, self.precision,
-                               self.per_rank_batch)
-        print_main(self.launch, f"eval after epoch {self.epoch}: mean RMSE {mean:.4f} over {count} held-out items")
+        results, count = evaluate(unwrap(self.model), self.eval_set, self.loss_fn, self.launch, self.device,
+                                  self.precision, self.per_rank_batch, self.eval_metrics)
+        figures = ", ".join(f"{name} {value:.4f}" for name, value in results.items())
+        print_main(self.launch, f"eval after epoch {self.epoch} (step {self.step}): {figures} "
+                                f"over {count} held-out items")
+        if self.on_eval is not None and self.launch.is_main:
+            self.on_eval(dict(results, epoch=self.epoch, step=self.step))
 
-    def _check_replicas_agree(self) -> None:
-        """Every rank must end with the same weights; DDP guarantees it, this proves it once
-        per run (a float64 checksum of the parameters, compared by MIN and MAX)."""
-        if self.launch.world_size == 1:
-            return
-        checksum = sum(p.detach().double().sum() for p in self.model.parameters()).reshape(1)
-        low, high = checksum.clone(), checksum.clone()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX)
-        if low.item() != high.item():
-            raise RuntimeError(f"replicas diverged: weight checksums range {low.item()!r} to {high.item()!r}")
-        print_main(self.launch, f"replicas agree: identical weights on all {self.launch.world_size} ranks "
-                                f"(checksum {high.item():.6f})")
-
-    def _max_steps_reached(self) -> bool:
-        return bool(self.config.max_steps) and self.step >= self.config.max_steps
-
-    def _micro_batch_groups(self):
+    def _micro_batch_groups(self) -> Iterator[list[Any]]:
         """The rest of the epoch's micro-batches in groups of --accum (a shorter last group)."""
-        batches = (x.to(self.device, non_blocking=True) for x in self.loader)
+        batches = (to_device(b, self.device, non_blocking=self.pin) for b in self.loader)
         while group := list(itertools.islice(batches, self.config.accum)):
             yield group
 
     def _run_epoch(self, stop: StopRequest) -> tuple[float, int]:
         """Train the rest of the current epoch; returns (mean loss over all ranks, signal or 0)."""
         loss_sum = torch.zeros((), device=self.device)
-        steps = micro = skipped = stopped_by = 0
+        steps = samples = skipped = stopped_by = 0
         norms: list[float] = []
         started = last_log = time.perf_counter()
         for group in self._micro_batch_groups():
             result = self.train_step(group)
             loss_sum += result.loss
-            steps, micro, skipped = steps + 1, micro + len(group), skipped + result.skipped
+            steps, samples, skipped = steps + 1, samples + result.samples, skipped + result.skipped
             if result.grad_norm is not None:
                 norms.append(result.grad_norm)
             self.batch_in_epoch, self.step = self.batch_in_epoch + len(group), self.step + 1
             now = time.perf_counter()
-            self.clock.step_done(now, self.config.global_batch * len(group))
+            self.clock.step_done(now, result.samples)
             if self.metrics is not None:
                 self._log_metrics(result)
             if self.launch.is_main and now - last_log >= self.config.log_every_s:
@@ -281,14 +325,14 @@ class Trainer:
                 print(f"  epoch {self.epoch + 1} [{self.batch_in_epoch}/{self.batches_per_epoch}] "
                       f"rank-0 loss {result.loss.item():.4f}", flush=True)
             stopped_by = self._stop_agreed(stop)
-            if stopped_by or self._max_steps_reached():
+            if stopped_by or self._finished():
                 break
         if self.metrics is not None:
             self.metrics.flush()
-        return self._epoch_report(loss_sum, steps, micro, skipped, norms, time.perf_counter() - started), stopped_by
+        return self._epoch_report(loss_sum, steps, samples, skipped, norms, time.perf_counter() - started), stopped_by
 
     def _log_metrics(self, result: StepResult) -> None:
-        self.metrics.step(step=self.step, epoch=self.epoch, loss=result.loss.item(),
+        self.metrics.step(step=self.step, epoch=self.epoch, samples=result.samples, loss=result.loss.item(),
                           lr=self.optimizer.param_groups[0]["lr"], grad_norm=result.grad_norm,
                           scale=self.scaler.get_scale() if self.scaler.is_enabled() else None)
 
@@ -309,37 +353,39 @@ class Trainer:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
 
-    def _epoch_report(self, loss_sum: torch.Tensor, steps: int, micro_batches: int, skipped: int,
+    def _epoch_report(self, loss_sum: torch.Tensor, steps: int, samples: int, skipped: int,
                       norms: list[float], elapsed: float) -> float:
         """The epoch's loss averaged over every rank's steps (not rank 0's own), logged."""
         totals = reduce(torch.stack([loss_sum.float(), torch.tensor(float(steps), device=self.device)]), "sum")
         mean = (totals[0] / totals[1].clamp(min=1)).item()
-        rate = micro_batches * self.config.global_batch / max(elapsed, 1e-9)
         extra = f", {skipped} steps skipped by fp16 overflow" if skipped else ""
         if norms:
             extra += f", grad norm before clipping mean {sum(norms) / len(norms):.3g} max {max(norms):.3g}"
-        part = "" if self.batch_in_epoch == self.batches_per_epoch else f" [{self.batch_in_epoch}/{self.batches_per_epoch} batches]"
+        part = ("" if self.batch_in_epoch == self.batches_per_epoch
+                else f" [{self.batch_in_epoch}/{self.batches_per_epoch} batches]")
         print_main(self.launch, f"epoch {self.epoch + 1}/{self.config.epochs}{part}: loss {mean:.4f}, "
-                                f"{rate:,.0f} samples/s, {elapsed:.2f}s{extra}")
+                                f"{samples / max(elapsed, 1e-9):,.0f} samples/s, {elapsed:.2f}s{extra}")
         return mean
 
     def _write_summary(self, last_loss: float, stopped_by: int) -> None:
         """Rank 0 writes the run's figures as JSON: peak memory is gathered from every rank."""
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-        if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
-        peaks = [peak] * self.launch.world_size
-        if self.launch.world_size > 1:
-            dist.all_gather_object(peaks, peak)
+        peak, kind = peak_memory_mib(self.device)
+        peaks = all_ranks(peak)
         if not (self.config.summary_json and self.launch.is_main):
             return
-        summary = {
+        write_summary(self.config.summary_json, {
             "side": "raw", "world_size": self.launch.world_size, "global_batch": self.config.global_batch,
             "precision": self.precision, "steps": self.step, "final_loss": last_loss,
             "samples_per_s": self.clock.samples_per_s(),
             "start_unix": self.clock.start_unix, "first_step_unix": self.clock.first_step_unix,
-            "peak_mem_mib_per_rank": peaks, "memory_kind": "cuda_max_allocated" if self.device.type == "cuda" else "max_rss",
+            "peak_mem_mib_per_rank": peaks, "memory_kind": kind,
             "stopped_by": signal_name(stopped_by) if stopped_by else None,
             "device": str(self.device), "torch": torch.__version__, "python": sys.version.split()[0],
-        }
-        Path(self.config.summary_json).write_text(json.dumps(summary, indent=1) + "\n")
+        })
+
+
+def _default_metrics(loss_fn: LossFn) -> dict[str, MetricFn]:
+    """The seed's evaluation figure: the exact mean over items of each item's RMSE (or MSE)."""
+    if isinstance(loss_fn, AutoencoderLoss):
+        return {f"mean {loss_fn.kind.upper()}": loss_fn.per_item}
+    return {}

@@ -1,0 +1,66 @@
+"""The whole job in one call: discover the launch, open the group, train, close.
+
+    from ddp_abci import fit
+    sys.exit(fit(model, train_set, loss_fn, TrainConfig(epochs=3), eval_set=test_set))
+
+The command line (`python -m ddp_abci.train`) is this same call with the seed's defaults.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Mapping
+
+from .cli import report
+from .config import TrainConfig
+from .errors import UsageError
+from .signals import StopRequest
+
+
+def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = None, config: TrainConfig | None = None,
+        *, eval_set: Any = None, optimizer: Callable | None = None, metrics: Mapping[str, Callable] | None = None,
+        on_eval: Callable[[dict], None] | None = None, stop: StopRequest | None = None,
+        master_addr: str | None = None, master_port: int | None = None, interface: str | None = None) -> int:
+    """Train `model` on `train_set` with `loss_fn(model, batch)` on every rank the launcher
+    started; returns the exit status: 0 done, 75 stopped by SIGTERM/SIGUSR1 with a
+    checkpoint to resume, 2 bad input (one line printed, nothing written).
+
+    Any argument left out is the seed's (its autoencoder, LinspaceDataset, RMSE, Adam).
+    `metrics` maps names to per-item functions evaluated on `eval_set`; `on_eval` gets the
+    evaluation's figures on rank 0. Pass an entered `stop` to keep your own signal handling.
+    """
+    config = config or TrainConfig()
+    with contextlib.ExitStack() as stack:
+        stop = stop or stack.enter_context(StopRequest())  # before torch loads: see train.main
+        try:
+            return _train(config, stop, dict(master_addr=master_addr, master_port=master_port, interface=interface),
+                          model=model, train_set=train_set, eval_set=eval_set, loss_fn=loss_fn,
+                          optimizer=optimizer, metrics=metrics, on_eval=on_eval)
+        except UsageError as e:
+            return report(e)
+
+
+def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, **parts: Any) -> int:
+    """Discover, check what can be checked alone, open the group, train, close: in that order."""
+    # Imported here so that `--help` and bad flags answer without loading torch.
+    import torch.distributed as dist
+
+    from .collectives import print_main
+    from .comm_hook import resolve_comm
+    from .data import per_rank_batch
+    from .launch import discover_launch
+    from .precision import resolve_precision
+    from .process_group import choose_device, distributed
+    from .trainer import Trainer
+
+    launch = discover_launch(**launch_options)
+    per_rank_batch(config.global_batch, launch.world_size)
+    device = choose_device(launch)
+    resolve_precision(config.amp, device)
+    comm = resolve_comm(config.comm, launch, device)
+    with distributed(launch, timeout_s=config.timeout_s) as device:
+        print_main(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
+                           f"backend {dist.get_backend()}, gradients via {comm}, device {device}, "
+                           f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
+        # The Trainer holds DDP, which holds the group: `with` frees it before the group closes.
+        with Trainer(config, launch, device, **parts) as trainer:
+            return trainer.run(stop)

@@ -1,0 +1,73 @@
+"""Train your own model: a model, dataset and loss the library did not write, through fit() on real ranks."""
+import pytest
+import torch
+
+from helpers import REPO, assert_clean, load, on_ranks, run, same_tensors
+
+pytestmark = pytest.mark.usefixtures("mpirun_available")
+
+
+def user_run(n, kind, ckpt_dir, *args):
+    return run(on_ranks(n, "tests/user_model_script.py", kind, str(ckpt_dir), *args))
+
+
+def error_lines(proc):
+    return [line for line in proc.stdout.splitlines() if line.startswith("error:")]
+
+
+def test_a_model_on_tuple_items_trains_checkpoints_and_evaluates(tmp_path):
+    proc = user_run(2, "tuples", tmp_path)
+    assert_clean(proc)
+    assert "eval after epoch 3 (step 18): loss" in proc.stdout and "over 20 held-out items" in proc.stdout
+    state = load(tmp_path / "last.pt")
+    assert set(state["model"]) == {"weight", "bias"} and state["step"] == 18 and state["train_items"] == 96
+
+
+def test_a_model_with_batchnorm_and_two_inputs_on_dict_items_trains(tmp_path):
+    proc = user_run(2, "dicts", tmp_path)
+    assert_clean(proc)
+    state = load(tmp_path / "last.pt")
+    assert state["model"]["norm.num_batches_tracked"].item() == 18  # the buffers trained too
+    assert "replicas agree" in proc.stdout
+
+
+def test_two_ranks_end_with_the_weights_of_one_rank_on_the_same_global_batch(tmp_path):
+    assert_clean(user_run(2, "tuples", tmp_path / "two"))
+    assert_clean(user_run(1, "tuples", tmp_path / "one"))
+    two, one = load(tmp_path / "two" / "last.pt")["model"], load(tmp_path / "one" / "last.pt")["model"]
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["tuples", "dicts"])
+def test_a_user_model_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path, kind):
+    # --noise: the dataset draws from numpy's global RNG, which the checkpoint must restore per rank.
+    assert_clean(user_run(2, kind, tmp_path / "whole", "--noise"))
+    assert_clean(user_run(2, kind, tmp_path / "split", "--noise", "--max-steps", "8"))  # mid-epoch 2
+    resumed = user_run(2, kind, tmp_path / "split", "--noise", "--resume")
+    assert_clean(resumed)
+    assert "at epoch 1, batch 2, step 8" in resumed.stdout
+    assert same_tensors(load(tmp_path / "whole" / "last.pt")["model"], load(tmp_path / "split" / "last.pt")["model"])
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("bad-item", "error: the dataset's item 0[0] is a str; return tensors (or numbers), or tuples, lists or dicts"),
+    ("vector-loss", "error: loss_fn returned a torch.float32 tensor of shape (8, 2); return one floating scalar"),
+    ("raising-loss", "error: loss_fn(model, batch) raised KeyError: 'labels' on a first batch; fix the loss"),
+])
+def test_a_broken_dataset_or_loss_is_one_line_on_every_rank_and_overwrites_nothing(tmp_path, kind, message):
+    assert_clean(user_run(2, "tuples", tmp_path, "--epochs", "1"))
+    before = (tmp_path / "last.pt").read_bytes()
+    proc = user_run(2, kind, tmp_path, "--resume")
+    assert proc.returncode == 2, proc.stdout
+    errors = error_lines(proc)
+    assert len(errors) == 1 and errors[0].startswith(message), proc.stdout
+    assert "Traceback" not in proc.stdout
+    assert (tmp_path / "last.pt").read_bytes() == before
+
+
+def test_the_digits_example_reaches_95_percent_held_out_accuracy(tmp_path):
+    proc = run(on_ranks(2, "-m", "ddp_abci.examples.digits", "--ckpt-dir", str(tmp_path)), cwd=REPO)
+    assert_clean(proc)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("held-out accuracy ") and float(last.split()[-1]) >= 0.95, proc.stdout
