@@ -46,10 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as-written", action="store_true",
                    help="Accelerator(split_batches=True) exactly as the seed wrote it (ignored by Accelerate 1.x)")
     p.add_argument("--summary-json", default=None)
+    p.add_argument("--save-model", default=None, help="the main process saves the trained state_dict here")
     return p
 
 
-def make_accelerator(amp: str, as_written: bool):
+def make_accelerator(amp: str, as_written: bool, seed: int = 0):
     """The seed's Accelerator(...), with the two Accelerate 1.x facts made explicit."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
@@ -64,8 +65,11 @@ def make_accelerator(amp: str, as_written: bool):
     if as_written:
         accelerator = Accelerator(mixed_precision=amp, split_batches=True, cpu=cpu)
     else:
+        # use_seedable_sampler: the shuffle is a randperm seeded with data_seed + epoch, as
+        # DistributedSampler's is, so the raw trainer sees the same global batches (issue 13).
         accelerator = Accelerator(mixed_precision=amp, cpu=cpu,
-                                  dataloader_config=DataLoaderConfiguration(split_batches=True))
+                                  dataloader_config=DataLoaderConfiguration(split_batches=True,
+                                                                            use_seedable_sampler=True, data_seed=seed))
     if accelerator.num_processes != launched:
         raise UsageError(
             f"the launcher started {launched} ranks but Accelerate sees {accelerator.num_processes}: each rank "
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from .model import build_model, rmse_loss
 
     started = time.time()
-    accelerator = make_accelerator(args.amp, args.as_written)
+    accelerator = make_accelerator(args.amp, args.as_written, args.seed)
     world = accelerator.num_processes
     split = accelerator.split_batches  # what Accelerate will really do, not what was asked
     if split and args.bs % world:
@@ -144,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
             "memory_kind": "max_rss", "device": str(accelerator.device), "torch": torch.__version__,
             "accelerate": accelerate.__version__,
         }, indent=1) + "\n")
+    if args.save_model:
+        accelerator.save(accelerator.unwrap_model(model).state_dict(), args.save_model)  # main process only
     # Free what holds the process group (DDP, and Accelerate's references to it) before the
     # group is destroyed: gloo joins its threads only when the last reference goes, and one
     # alive at interpreter shutdown can abort the exit (see process_group.close_process_group).

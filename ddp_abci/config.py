@@ -44,6 +44,8 @@ class TrainConfig:
     metrics_jsonl: str | None = None  # rank 0 appends one JSON line per optimizer step
     compile: bool = False             # torch.compile the model before wrapping it in DDP
     split: str = "strided"            # each global batch over the ranks: strided (DistributedSampler) or contiguous
+    fused_adam: bool = True           # the default optimizer's fused kernel (off: torch's per-tensor loop)
+    save_model: str | None = None     # rank 0 writes the trained (unwrapped) state_dict here at the end
 
     def __post_init__(self) -> None:
         positive = {"epochs": self.epochs, "--bs": self.global_batch, "dim_in": self.dim_in,

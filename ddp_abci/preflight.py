@@ -2,6 +2,7 @@
 no work and overwrites nothing. Rank 0 checks the files; every rank checks its data."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,10 @@ def check_files(config: TrainConfig, launch: Launch, ckpt_file: Path | None, tra
     """Check the files this run writes, and the checkpoint it resumes: rank 0 decides, all
     ranks obey. Returns the snapshot to resume from (loaded on every rank), or None."""
     error, checked = None, None
-    if launch.is_main and config.metrics_jsonl:
-        try:
-            open(config.metrics_jsonl, "a").close()
-        except OSError as e:
-            error = f"--metrics-jsonl {config.metrics_jsonl} cannot be written ({e.strerror}); choose a writable path"
+    if launch.is_main:
+        outputs = (("--metrics-jsonl", config.metrics_jsonl), ("--summary-json", config.summary_json),
+                   ("--save-model", config.save_model))
+        error = next((e for flag, path in outputs if path for e in [output_error(flag, path)] if e), None)
     if ckpt_file is not None and launch.is_main and error is None:
         try:
             ckpt.check_writable(ckpt_file.parent)
@@ -48,6 +48,18 @@ def check_files(config: TrainConfig, launch: Launch, ckpt_file: Path | None, tra
         print_main(launch, f"resume: no checkpoint at {ckpt_file}; starting fresh")
         return None
     return checked if checked is not None else ckpt.load_checkpoint(ckpt_file)  # rank 0 has it already
+
+
+def output_error(flag: str, path: str) -> str | None:
+    """Why `path` could not be written at the end of the run, or None; nothing is created."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{flag} {path} is a folder; name a file"
+    if not target.parent.is_dir():
+        return f"{flag} {path}: the folder {target.parent} does not exist; create it or choose another path"
+    if not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return f"{flag} {path} cannot be written (permission denied); choose a writable path"
+    return None
 
 
 def check_resumable(snapshot: dict, config: TrainConfig, train_items: int, ckpt_file: Path) -> None:

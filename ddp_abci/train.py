@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=float, default=d.log_every_s, dest="log_every_s",
                    help="seconds between progress lines inside an epoch")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the run's figures here")
+    p.add_argument("--fused-adam", action=argparse.BooleanOptionalAction, default=d.fused_adam,
+                   help="Adam's fused kernel (faster); --no-fused-adam: torch's default loop, as the seed and Accelerate")
+    p.add_argument("--save-model", default=None, help="rank 0 writes the trained model's state_dict here at the end")
     p.add_argument("--comm", default=d.comm,
                    help="gradient all-reduce: auto (NCCL on GPUs, MPI on the CPU under mpirun, else gloo), mpi, gloo")
     p.add_argument("--dim-in", type=int, default=d.dim_in)
@@ -73,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         log_every_s=args.log_every_s, stop_check_every=args.stop_check_every, summary_json=args.summary_json,
         comm=args.comm, accum=args.accum, loss=args.loss, clip_norm=args.clip_norm, eval_every=args.eval_every,
         warmup_steps=args.warmup_steps, schedule=args.schedule, metrics_jsonl=args.metrics_jsonl, compile=args.compile,
-        split=args.split,
+        split=args.split, save_model=args.save_model, fused_adam=args.fused_adam,
     )
 
 

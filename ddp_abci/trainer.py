@@ -108,7 +108,7 @@ class Trainer:
                                    persistent_workers=config.persistent_workers)
         self.sampler = self.loader.sampler
         self.batches_per_epoch = len(self.sampler)  # micro-batches; --accum of them make a step
-        self.optimizer = (optimizer or seed_optimizer(config.lr, config.betas))(self.model.parameters())
+        self.optimizer = (optimizer or seed_optimizer(config.lr, config.betas, config.fused_adam))(self.model.parameters())
         self.scaler = make_scaler(self.precision, device)
         steps_per_epoch = -(-self.batches_per_epoch // config.accum)
         self.scheduler = build_schedule(self.optimizer, config.schedule, config.warmup_steps,
@@ -267,6 +267,8 @@ class Trainer:
             self.metrics = None
         check_replicas_agree(self.model, launch)
         self._write_summary(last_loss, stopped_by)
+        if self._finished():
+            self._save_model()
         return self._report_end(stopped_by, last_loss, steps_before)
 
     def _report_end(self, stopped_by: int, last_loss: float, steps_before: int) -> int:
@@ -283,6 +285,12 @@ class Trainer:
             late = f" ({signal_name(stopped_by)} arrived at the last step: the run is complete)" if stopped_by else ""
             print_main(launch, f"done: {self.step} steps, last epoch loss {last_loss:.4f}{late}")
         return 0
+
+    def _save_model(self) -> None:
+        """--save-model: the trained weights alone (unwrapped state_dict), as accelerator.save does."""
+        if self.config.save_model and self.launch.is_main:
+            ckpt.save_atomic(unwrap(self.model).state_dict(), self.config.save_model)
+        wait_for_everyone()
 
     def _finished(self) -> bool:
         max_steps = self.config.max_steps
