@@ -24,9 +24,10 @@ def check_files(config: TrainConfig, launch: Launch, ckpt_file: Path | None, tra
     ranks obey. Returns the snapshot to resume from (loaded on every rank), or None."""
     error, checked = None, None
     if launch.is_main:
-        outputs = (("--metrics-jsonl", config.metrics_jsonl), ("--summary-json", config.summary_json),
-                   ("--save-model", config.save_model))
-        error = next((e for flag, path in outputs if path for e in [output_error(flag, path)] if e), None)
+        for flag, path in (("--metrics-jsonl", config.metrics_jsonl), ("--summary-json", config.summary_json),
+                           ("--save-model", config.save_model)):
+            if path and error is None:
+                error = output_error(flag, path)
     if ckpt_file is not None and launch.is_main and error is None:
         try:
             ckpt.check_writable(ckpt_file.parent)
