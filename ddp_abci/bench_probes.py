@@ -105,11 +105,11 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
         if "mpi" in backends and device.type == "cpu":
             from mpi4py import MPI
 
-            from .comm_hook import mpi_max
+            from .comm_hook import mpi_max_vector
 
             arr = buf.numpy()
             out["mpi_ms"] = _time(lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM), iters, device)
-            out["stop_flag_mpi_ms"] = _time(lambda: mpi_max(0), iters, device)
+            out["stop_flag_mpi_ms"] = _time(lambda: mpi_max_vector([0, 0]), iters, device)
     if launch.is_main:
         return out
     return {}

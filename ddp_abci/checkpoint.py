@@ -1,4 +1,5 @@
-"""Checkpoint: atomic writes of DIR/last.pt and validated, weights_only loads.
+"""Checkpoint: atomic writes of DIR/last.pt (the one before kept as DIR/prev.pt) and
+validated, weights_only loads.
 
 Format (other tools read these keys): model, optimizer, scaler, scheduler, epoch, step,
 world_size, config, plus for exact resume: batch_in_epoch, global_batch, train_items,
@@ -8,8 +9,10 @@ still load.
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,10 @@ from .errors import UsageError
 
 FORMAT = "ddp_abci/1"
 FILENAME = "last.pt"
+PREVIOUS = "prev.pt"
+# torch.save writes to `.<name>.<random>.tmp` beside the file (save_atomic); a rank killed
+# mid-write leaves one behind, which the next run's preflight removes.
+STALE_PATTERNS = (f".{FILENAME}.*.tmp", f".{PREVIOUS}.*.tmp")
 REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_size", "config",
             "batch_in_epoch", "global_batch", "rng")
 
@@ -48,6 +55,8 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> None:
     `path`. A crash at any point leaves either the old file or the new one, whole:
     rename within one file system is atomic, and fsync orders the data before it."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # a rename over /dev/null would replace the device
+        raise OSError(errno.EINVAL, "not a regular file, refusing to replace it", str(path))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -65,12 +74,81 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> None:
         os.close(dir_fd)
 
 
+def keep_previous(path: Path) -> None:
+    """Make DIR/prev.pt the current DIR/last.pt, atomically, before a new last.pt is written.
+
+    A hard link costs no space and no copy; renaming it over prev.pt is atomic, so at every
+    instant both files are whole (one of them maybe the older). Where the file system has
+    no hard links, a copy does the same, slower."""
+    if not path.exists():
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{PREVIOUS}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, path.with_name(PREVIOUS))
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_temporaries(ckpt_dir: Path) -> list[Path]:
+    """Delete the temporary files a killed write left in DIR (only this project's own names)."""
+    stale = [p for pattern in STALE_PATTERNS for p in Path(ckpt_dir).glob(pattern) if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def estimated_bytes(model: torch.nn.Module) -> int:
+    """What a checkpoint of `model` will take: its tensors, plus two per-parameter buffers
+    (Adam's moments: the most that torch's standard optimizers keep), plus a little for
+    the rest (schedule, scaler, RNG, configuration). The optimizer's state does not exist
+    before the first step, so it cannot be measured yet, only estimated."""
+    tensors = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    params = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return tensors + 2 * params + 256 * 1024
+
+
+def disk_space_error(ckpt_dir: Path, need: int) -> str | None:
+    """Why DIR cannot hold the checkpoints (the new temporary file beside the kept one), or None."""
+    free = shutil.disk_usage(ckpt_dir).free
+    if free >= 2 * need:
+        return None
+    return (f"--ckpt-dir {ckpt_dir} has {_mb(free)} free, a checkpoint of this run takes about {_mb(need)} "
+            f"and saving needs twice that ({_mb(2 * need)}: the new file beside the kept one); "
+            "free space there or choose a --ckpt-dir with more room")
+
+
+def save_failure(error: BaseException, path: Path) -> str:
+    """One line for a checkpoint that could not be written: the innermost OS error's reason
+    (torch.save wraps ENOSPC in a RuntimeError about its zip writer)."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    reason = f"{cause.strerror} (errno {cause.errno})" if isinstance(cause, OSError) and cause.strerror else (
+        str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__)
+    kept = "the previous last.pt is intact" if path.exists() else "no earlier checkpoint existed"
+    return (f"saving {path} failed: {reason}; {kept} and no temporary file was left; "
+            f"free space or fix the folder {path.parent}, then rerun with --resume")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load with weights_only=True (a crafted file cannot run code) and check it is ours."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, foreign pickle, ... : all mean "not usable"
         reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        if reason.startswith("Weights only load failed"):
+            reason = "not a file that torch.save wrote with tensors only"
         raise CheckpointError(
             f"{path} is truncated or not a ddp_abci checkpoint ({reason}); "
             "it was left as it is: move it away or use another --ckpt-dir"

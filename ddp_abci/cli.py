@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import UsageError
+from .errors import RunError
 from .launch import launched_rank
 
 
@@ -15,9 +15,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; see {self.prog} --help\n")
 
 
-def report(error: UsageError) -> int:
-    """Print a usage error as one line, once: by rank 0 when every rank hit the same one,
-    else by the rank it happened on. Returns the exit status, 2."""
+def report(error: RunError) -> int:
+    """Print a run's failure as one line, once: by rank 0 when every rank hit the same one,
+    else by the rank it happened on. Returns its exit status (2 for bad input)."""
     if launched_rank() == 0 or not error.same_on_every_rank:
         print(f"error: {error}", file=sys.stderr, flush=True)
-    return 2
+    return error.exit_status

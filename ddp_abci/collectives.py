@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from .errors import UsageError
+from .errors import RunError, UsageError
 from .launch import Launch
 
 
@@ -49,13 +49,19 @@ def main_process_first(launch: Launch) -> Iterator[None]:
             wait_for_everyone()
 
 
-def broadcast_error(launch: Launch, error: str | None) -> None:
-    """Raise rank 0's verdict on every rank, so that all stop together with one message."""
-    box = [error]
+def broadcast_object(launch: Launch, value: object) -> object:
+    """Rank 0's `value` (any picklable object) on every rank."""
+    box = [value]
     if _world() > 1:
         dist.broadcast_object_list(box, src=0)
-    if box[0]:
-        raise UsageError(box[0])
+    return box[0]
+
+
+def broadcast_error(launch: Launch, error: str | None, kind: type[RunError] = UsageError) -> None:
+    """Raise rank 0's verdict on every rank, so that all stop together with one message."""
+    error = broadcast_object(launch, error)
+    if error:
+        raise kind(error)
 
 
 def all_ranks(obj: object) -> list:

@@ -7,6 +7,7 @@ everything else (bucketing, overlapping with backward, the initial broadcast on 
 only the bucket's all-reduce goes through mpi4py.
 """
 # No `from __future__ import annotations` here: DDP checks the hook's annotations as objects.
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -47,12 +48,15 @@ def mpi_allreduce_hook(comm, bucket: dist.GradBucket) -> torch.futures.Future[to
     return future
 
 
-def mpi_max(value: int) -> int:
-    """MAX of an int over all ranks through MPI: about 10 us here, where a gloo all-reduce
-    of one element costs a few hundred (it is the trainer's per-step stop agreement)."""
+def mpi_max_vector(values: list[int]) -> list[int]:
+    """Element-wise MAX of a few ints over all ranks, through MPI: about 10 us here, where
+    a gloo all-reduce of one element costs a few hundred (it is the trainer's stop
+    agreement). mpi4py's lower-case allreduce would compare Python lists as wholes."""
     from mpi4py import MPI
 
-    return MPI.COMM_WORLD.allreduce(value, op=MPI.MAX)
+    buffer = np.asarray(values, dtype=np.int64)
+    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buffer, op=MPI.MAX)
+    return buffer.tolist()
 
 
 def register_mpi_hook(ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:

@@ -1,6 +1,7 @@
 """Training configuration: one frozen dataclass, built by the command line or by your code."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from .errors import UsageError
@@ -46,35 +47,31 @@ class TrainConfig:
     split: str = "strided"            # each global batch over the ranks: strided (DistributedSampler) or contiguous
     fused_adam: bool = True           # the default optimizer's fused kernel (off: torch's per-tensor loop)
     save_model: str | None = None     # rank 0 writes the trained (unwrapped) state_dict here at the end
+    max_skipped_steps: int = 50       # fp16: this many GradScaler skips in a row count as diverged; 0 = never
 
     def __post_init__(self) -> None:
-        positive = {"epochs": self.epochs, "--bs": self.global_batch, "dim_in": self.dim_in,
-                    "dim_hidden": self.dim_hidden, "num_items": self.num_items,
-                    "stop_check_every": self.stop_check_every}
-        for name, value in positive.items():
-            if value < 1:
-                raise UsageError(f"{name} must be at least 1, got {value}")
-        if self.lr <= 0:
-            raise UsageError(f"--lr must be positive, got {self.lr}")
-        if self.workers < 0 or self.max_steps < 0:
-            raise UsageError("--workers and --max-steps must be 0 or more")
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise UsageError(f"betas must be two numbers (--betas B1 B2), got {self.betas!r}")
+        for flag, value, low, high in _ranges(self):
+            _check_range(flag, value, low, high)
+        if self.lr == 0:
+            raise UsageError("--lr must be positive, got 0")
         if self.amp not in AMP_CHOICES:
             raise UsageError(f"unknown precision {self.amp!r}; use --amp one of {', '.join(AMP_CHOICES)}")
-        if self.accum < 1:
-            raise UsageError(f"--accum must be at least 1, got {self.accum}")
         if self.loss not in LOSS_CHOICES:
             raise UsageError(f"unknown --loss {self.loss!r}; use {' or '.join(LOSS_CHOICES)}")
-        if self.schedule not in SCHEDULE_CHOICES or self.warmup_steps < 0:
-            raise UsageError(f"--schedule must be {' or '.join(SCHEDULE_CHOICES)} (got {self.schedule!r}) "
-                             "and --warmup-steps 0 or more")
-        if self.clip_norm < 0 or self.eval_every < 0:
-            raise UsageError("--clip-norm and --eval-every must be 0 or more")
+        if self.schedule not in SCHEDULE_CHOICES:
+            raise UsageError(f"unknown --schedule {self.schedule!r}; use {' or '.join(SCHEDULE_CHOICES)}")
         if self.eval_every and self.eval_items < 1:
             raise UsageError(f"--num-items {self.num_items} leaves no held-out items for --eval-every")
         if self.split not in SPLIT_CHOICES:
             raise UsageError(f"unknown --split {self.split!r}; use {' or '.join(SPLIT_CHOICES)}")
         if self.resume and not self.ckpt_dir:
             raise UsageError("--resume needs --ckpt-dir DIR (the folder holding last.pt)")
+        for flag, path in (("--ckpt-dir", self.ckpt_dir), ("--metrics-jsonl", self.metrics_jsonl),
+                           ("--summary-json", self.summary_json), ("--save-model", self.save_model)):
+            if path is not None and not str(path).strip():
+                raise UsageError(f"{flag} is an empty path; name a file or folder, or leave the flag out")
 
     @property
     def eval_items(self) -> int:
@@ -84,3 +81,33 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """Plain types only, so the checkpoint still loads with weights_only=True."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+# A stop signal is acted on at the next check: at most this many steps, i.e. seconds even
+# for steps of a few milliseconds, inside the few seconds mpirun and the schedulers allow.
+MAX_STOP_CHECK_EVERY = 1000
+INF = float("inf")
+
+
+def _ranges(c: TrainConfig) -> list[tuple[str, object, float, float]]:
+    """(flag, value, lowest, highest) for every number: each must be finite and in range."""
+    return [("--epochs", c.epochs, 1, INF), ("--bs", c.global_batch, 1, INF), ("--lr", c.lr, 0, INF),
+            ("--betas", c.betas[0], 0, 0.999999), ("--betas", c.betas[1], 0, 0.999999),
+            ("--seed", c.seed, 0, 2**63 - 1), ("--workers", c.workers, 0, 1024), ("--max-steps", c.max_steps, 0, INF),
+            ("--timeout", c.timeout_s, 1e-3, 7 * 86400), ("--dim-in", c.dim_in, 1, 2**31 - 1),
+            ("--dim-hidden", c.dim_hidden, 1, 2**31 - 1), ("--num-items", c.num_items, 1, 2**62),
+            ("--log-every", c.log_every_s, 1e-3, INF), ("--stop-check-every", c.stop_check_every, 1, MAX_STOP_CHECK_EVERY),
+            ("--accum", c.accum, 1, 2**31 - 1), ("--clip-norm", c.clip_norm, 0, INF), ("--eval-every", c.eval_every, 0, INF),
+            ("--warmup-steps", c.warmup_steps, 0, INF), ("--max-skipped-steps", c.max_skipped_steps, 0, INF)]
+
+
+def _check_range(flag: str, value: object, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{flag} must be a number, got {value!r}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite or not low <= value <= high:
+        bounds = f"at least {low:g}" if high == INF else f"between {low:g} and {high:g}"
+        raise UsageError(f"{flag} must be finite and {bounds}, got {value!r}")

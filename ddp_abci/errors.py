@@ -1,12 +1,41 @@
-"""The one exception type for bad input: the command line prints its message as one line."""
+"""The run's one-line failures: each is printed as one `error: ...` line and ends the run
+with its own exit status (the job scripts read it to decide whether to resubmit).
+
+    0   done
+    2   bad input (UsageError): nothing was trained or written; fix the named setting
+    65  diverged (Diverged): the loss or gradients stopped being finite; last good checkpoint kept
+    74  a checkpoint could not be written (SaveFailed): free space or fix the folder, then --resume
+    75  stopped by SIGTERM/SIGUSR1 or --stop-after, checkpoint saved (signals.EXIT_STOPPED): resubmit
+"""
+
+EXIT_USAGE = 2
+EXIT_DIVERGED = 65   # sysexits' EX_DATAERR: the run's numbers, not the machine, went wrong
+EXIT_SAVE_FAILED = 74  # sysexits' EX_IOERR
 
 
-class UsageError(Exception):
+class RunError(Exception):
+    """A failure the message explains in one line, naming the fix; no traceback."""
+
+    exit_status = EXIT_USAGE
+    # Most failures are seen alike by every rank, so only rank 0 prints them; a rank's own
+    # failure (it could not reach rank 0) is printed by that rank.
+    same_on_every_rank = True
+
+
+class UsageError(RunError):
     """A setting or input that cannot work; the message names the fix.
 
     Raised before any training starts, so that nothing is written or overwritten.
     """
 
-    # Most bad input is seen alike by every rank, so only rank 0 prints it; a rank's own
-    # failure (it could not reach rank 0) is printed by that rank.
-    same_on_every_rank = True
+
+class Diverged(RunError):
+    """Every rank agreed that the loss or the gradient norm is no longer finite."""
+
+    exit_status = EXIT_DIVERGED
+
+
+class SaveFailed(RunError):
+    """Rank 0 could not write a checkpoint; every rank stops at the same step."""
+
+    exit_status = EXIT_SAVE_FAILED

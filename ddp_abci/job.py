@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 from .cli import report
 from .config import TrainConfig
-from .errors import UsageError
+from .errors import RunError
 from .signals import StopRequest
 
 
@@ -22,7 +22,8 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
         master_addr: str | None = None, master_port: int | None = None, interface: str | None = None) -> int:
     """Train `model` on `train_set` with `loss_fn(model, batch)` on every rank the launcher
     started; returns the exit status: 0 done, 75 stopped by SIGTERM/SIGUSR1 with a
-    checkpoint to resume, 2 bad input (one line printed, nothing written).
+    checkpoint to resume, 2 bad input (one line printed, nothing written), 65 diverged and
+    74 a checkpoint that could not be written (the last good one kept): see errors.py.
 
     Any argument left out is the seed's (its autoencoder, LinspaceDataset, RMSE, Adam).
     `metrics` maps names to per-item functions evaluated on `eval_set`; `on_eval` gets the
@@ -35,7 +36,7 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
             return _train(config, stop, dict(master_addr=master_addr, master_port=master_port, interface=interface),
                           model=model, train_set=train_set, eval_set=eval_set, loss_fn=loss_fn,
                           optimizer=optimizer, metrics=metrics, on_eval=on_eval)
-        except UsageError as e:
+        except RunError as e:  # bad input (2), diverged (65), a failed save (74): one line each
             return report(e)
 
 

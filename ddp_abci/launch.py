@@ -63,6 +63,8 @@ def discover_launch(
     env = os.environ if environ is None else environ
     addr = master_addr or env.get("MASTER_ADDR") or None
     port = master_port or _int_or_none(env.get("MASTER_PORT"), "MASTER_PORT")
+    if port is not None and not 0 < port < 65536:
+        raise LaunchError(f"rendezvous port {port} (--master-port or MASTER_PORT) must be between 1 and 65535")
     if any(v in env for v in _MPI_SIZE_VARS) and _have_mpi4py():
         return _from_mpi4py(env, addr, port, interface)
     for source, read in (("torchrun", _torchrun), ("ompi-env", _ompi), ("pmi-env", _pmi), ("slurm-env", _slurm)):
@@ -109,7 +111,7 @@ def _from_mpi4py(env: Mapping[str, str], addr: str | None, port: int | None, int
             choice = (None, None, str(e) if isinstance(e, UsageError) else f"rank 0 could not choose the rendezvous: {e!r}")
     chosen, chosen_port, error = comm.bcast(choice, root=0)
     if error:
-        raise rendezvous.RendezvousError(error)
+        raise rendezvous.AddressUnusable(error)
     return Launch(rank, size, local_rank, local_size, chosen, chosen_port, "mpi4py")
 
 

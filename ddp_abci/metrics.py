@@ -1,16 +1,23 @@
 """Metrics: the run's throughput clock, and the per-step JSON-lines log (--metrics-jsonl PATH)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 class MetricsLog:
     """Appends {step, epoch, loss, lr, grad_norm, samples_per_s, scale} lines; buffered,
-    flushed at every epoch's end and on close, so that a step costs no system call."""
+    flushed at every epoch's end and on close, so that a step costs no system call.
+
+    A write that fails (disk full, quota, folder gone) is reported once and ends this log,
+    not the training: the metrics are a by-product, the checkpoint is what must not be lost."""
 
     def __init__(self, path: str | Path) -> None:
+        self.path = path
         self.file = open(path, "a", buffering=1 << 16)
         self.last = time.perf_counter()
 
@@ -20,14 +27,43 @@ class MetricsLog:
         now = time.perf_counter()
         rate = samples / (now - self.last) if now > self.last else None
         self.last = now
-        self.file.write(json.dumps({"step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                                    "samples_per_s": rate, "scale": scale}) + "\n")
+        self._guard(self.file and self.file.write, json.dumps({
+            "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+            "samples_per_s": rate, "scale": scale}) + "\n")
 
     def flush(self) -> None:
-        self.file.flush()
+        self._guard(self.file and self.file.flush)
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self._guard(self.file.close)
+            self.file = None
+
+    def _guard(self, write, *args: object) -> None:
+        if not write:
+            return
+        try:
+            write(*args)
+        except OSError as e:
+            print(f"warning: --metrics-jsonl {self.path}: {e.strerror or e}; the metrics log stops here, "
+                  "training goes on", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):
+                self.file.close()  # may retry the buffered write and fail again: nothing more to do
+            self.file = None
+
+
+def open_metrics_log(path: str | None, launch: Any) -> MetricsLog | None:
+    """Rank 0's log, opened now so that a path it cannot open stops every rank before training."""
+    from .collectives import raise_if_any_rank_failed
+
+    log, error = None, None
+    if path and launch.is_main:
+        try:
+            log = MetricsLog(path)
+        except OSError as e:
+            error = f"--metrics-jsonl {path} cannot be opened ({e.strerror or e}); choose a writable path"
+    raise_if_any_rank_failed(error)
+    return log
 
 
 class Clock:
@@ -64,6 +100,25 @@ def peak_memory_mib(device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "max_rss"
 
 
+def run_summary(world_size: int, global_batch: int, precision: str, steps: int, final_loss: float, clock: Clock,
+                peaks: list[float], memory_kind: str, stopped_by: str | None, device: Any) -> dict:
+    """The summary's keys (the benchmark reads them)."""
+    import torch
+
+    return {
+        "side": "raw", "world_size": world_size, "global_batch": global_batch,
+        "precision": precision, "steps": steps, "final_loss": final_loss,
+        "samples_per_s": clock.samples_per_s(),
+        "start_unix": clock.start_unix, "first_step_unix": clock.first_step_unix,
+        "peak_mem_mib_per_rank": peaks, "memory_kind": memory_kind, "stopped_by": stopped_by,
+        "device": str(device), "torch": torch.__version__, "python": sys.version.split()[0],
+    }
+
+
 def write_summary(path: str | Path, summary: dict) -> None:
-    """The run's figures as one JSON file (the benchmark reads it)."""
-    Path(path).write_text(json.dumps(summary, indent=1) + "\n")
+    """The run's figures as one JSON file (the benchmark reads it). A failed write is one
+    warning, not a failed run: the training and its checkpoint are already done."""
+    try:
+        Path(path).write_text(json.dumps(summary, indent=1) + "\n")
+    except OSError as e:
+        print(f"warning: --summary-json {path} could not be written: {e.strerror or e}", file=sys.stderr, flush=True)

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from .errors import UsageError
+
 
 class SimpleModule(nn.Module):
     """Linear(dim_in -> dim_hidden) then Linear(dim_hidden -> dim_in), as in the seed."""
@@ -26,7 +28,14 @@ def build_model(seed: int, dim_in: int = 1000, dim_hidden: int = 100) -> SimpleM
     """Seeded immediately before construction, so every rank starts from the same weights
     (DDP also broadcasts rank 0's, but a seeded build makes runs reproducible)."""
     torch.manual_seed(seed)
-    return SimpleModule(dim_in, dim_hidden)
+    try:
+        return SimpleModule(dim_in, dim_hidden)
+    except (RuntimeError, MemoryError) as e:  # the allocator refused: say which flags made it big
+        if "alloc" not in str(e).lower() and not isinstance(e, MemoryError):
+            raise
+        params = 2 * dim_in * dim_hidden + dim_in + dim_hidden
+        raise UsageError(f"the model's {params:,} parameters ({params * 4 / 1e9:.1f} GB) do not fit in memory; "
+                         "use a smaller --dim-in or --dim-hidden") from None
 
 
 def rmse_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -67,8 +76,6 @@ class AutoencoderLoss:
 def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
     """torch.compile, where it can run: Inductor builds C++ kernels on the CPU and Triton ones on GPUs."""
     import shutil
-
-    from .errors import UsageError
 
     if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
         raise UsageError("--compile on the CPU needs a C++ compiler (g++) for Inductor's kernels; install one or drop --compile")

@@ -19,8 +19,13 @@ def resolve_precision(amp: str, device: torch.device) -> str:
         return "fp16" if device.type == "cuda" else "no"
     if amp == "fp16" and device.type != "cuda":
         raise UsageError("fp16 needs a CUDA GPU and none is available; use --amp bf16 or --amp no on the CPU")
-    if amp == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UsageError(f"this GPU ({torch.cuda.get_device_name(device)}) has no bf16; use --amp fp16")
+    # Compute capability 8.0 (Ampere) brought bf16 tensor cores. torch.cuda.is_bf16_supported()
+    # also answers True where a bf16 tensor can merely be created (its including_emulation=True
+    # default, torch 2.13's torch/cuda/__init__.py), i.e. emulated, slower than fp32.
+    if amp == "bf16" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise UsageError(f"this GPU ({torch.cuda.get_device_name(device)}, compute capability {major}.{minor}) "
+                         "only emulates bf16; use --amp fp16 (bf16 needs 8.0, Ampere, or newer)")
     return amp
 
 

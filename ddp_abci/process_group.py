@@ -13,8 +13,14 @@ from .errors import UsageError
 from .launch import Launch
 
 
-class RendezvousFailed(UsageError):
+class JoinFailed(UsageError):
     """This rank could not meet the others at the master address and port."""
+
+    same_on_every_rank = False
+
+
+class BackendFailed(UsageError):
+    """The ranks met, but the communication backend (NCCL) could not start on this rank."""
 
     same_on_every_rank = False
 
@@ -74,14 +80,23 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
             timeout=timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
+    except dist.DistBackendError as e:  # before the generic case: it is a RuntimeError too
+        raise BackendFailed(
+            f"rank {launch.rank}: the {backend} backend could not start on {device} ({_first_line(e)}); the "
+            "rendezvous was not the problem: check the GPU (nvidia-smi) and NCCL's report (NCCL_DEBUG=INFO)"
+        ) from None
     except (RuntimeError, ValueError, OSError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RendezvousFailed(
+        first_line = _first_line(e)
+        raise JoinFailed(
             f"rank {launch.rank} could not meet the others at {launch.master_addr}:{launch.master_port} "
             f"within {timeout_s:g}s ({first_line}); check that rank 0's address is reachable "
             "(MASTER_ADDR / --interface) and that all ranks started"
         ) from None
     return device
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def close_process_group() -> None:

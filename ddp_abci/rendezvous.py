@@ -16,8 +16,9 @@ from .errors import UsageError
 _SIOCGIFADDR = 0x8915  # Linux ioctl: IPv4 address of a named interface
 
 
-class RendezvousError(UsageError):
-    """The master address or port cannot be used; the message names the fix."""
+class AddressUnusable(UsageError):
+    """Before any rank waits: the master address or port cannot be used on rank 0's host.
+    (process_group.JoinFailed is the later failure: a rank could not meet the others.)"""
 
 
 def interface_address(name: str) -> str:
@@ -27,7 +28,7 @@ def interface_address(name: str) -> str:
             packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
         except OSError as e:
             known = ", ".join(n for _, n in socket.if_nameindex())
-            raise RendezvousError(
+            raise AddressUnusable(
                 f"interface {name!r} has no IPv4 address ({e.strerror}); name one of: {known}"
             ) from None
     return socket.inet_ntoa(packed[20:24])
@@ -56,11 +57,11 @@ def routable_address() -> str:
     for _, name in sorted(socket.if_nameindex()):
         try:
             addr = interface_address(name)
-        except RendezvousError:
+        except AddressUnusable:
             continue
         if not _is_loopback(addr):
             return addr
-    raise RendezvousError(
+    raise AddressUnusable(
         "no non-loopback IPv4 address found on rank 0's host; "
         "set MASTER_ADDR or pass --interface NAME"
     )
@@ -85,7 +86,7 @@ def check_bindable(addr: str, port: int) -> None:
     try:
         family, *_, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as e:
-        raise RendezvousError(f"master address {addr!r} does not resolve ({e.strerror}); set MASTER_ADDR to rank 0's host") from None
+        raise AddressUnusable(f"master address {addr!r} does not resolve ({e.strerror}); set MASTER_ADDR to rank 0's host") from None
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # SO_REUSEADDR ignores TIME_WAIT leftovers of an earlier job but still refuses
         # a port that another process is listening on.
@@ -94,11 +95,11 @@ def check_bindable(addr: str, port: int) -> None:
             s.bind(sockaddr)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                raise RendezvousError(
+                raise AddressUnusable(
                     f"rendezvous port {port} on {addr} is already in use; "
                     "unset MASTER_PORT to let rank 0 pick a free one, or choose another"
                 ) from None
-            raise RendezvousError(
+            raise AddressUnusable(
                 f"master address {addr} is not an address of rank 0's host {socket.gethostname()} "
                 f"({e.strerror}); set MASTER_ADDR or --interface to one of its own"
             ) from None
@@ -107,7 +108,11 @@ def check_bindable(addr: str, port: int) -> None:
 def free_port(addr: str) -> int:
     """A port that is free on `addr` now: asked of the kernel, never a fixed number
     that two jobs sharing a node would fight over."""
-    family, *_, sockaddr = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)[0]
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind(sockaddr)
-        return s.getsockname()[1]
+    try:
+        family, *_, sockaddr = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind(sockaddr)
+            return s.getsockname()[1]
+    except OSError as e:  # socket.gaierror too: a name that does not resolve
+        raise AddressUnusable(f"master address {addr} cannot be used on this host ({e.strerror or e}); "
+                              "set MASTER_ADDR or --master-addr to this host's address, or use --interface") from None

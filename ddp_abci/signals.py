@@ -1,7 +1,7 @@
 """Stop signals: SIGTERM (PBS and Grid Engine at walltime, forwarded by mpirun) and SIGUSR1
 (Slurm's --signal; forwarded by mpirun without ending the job) ask every rank to finish its
 step, save, and exit. This module only records the request; the training loop decides when
-all ranks agree (see Trainer._stop_agreed). It imports nothing heavy, so that the command
+all ranks agree (see stopping.StopAgreement). It imports nothing heavy, so that the command
 line can install the handlers before torch loads: a signal during start-up is kept too.
 """
 from __future__ import annotations

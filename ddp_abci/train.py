@@ -2,26 +2,33 @@
 
 It only builds the two dataclasses (the discovered Launch and the TrainConfig) and
 hands them to the Trainer; every decision lives in the module named for it.
+
+Only `signals` is imported at the top: main() installs the stop handlers before anything
+else loads (argparse, dataclasses, torch), so a SIGTERM or SIGUSR1 from about 40 ms after
+the interpreter starts (its own start-up) is recorded instead of killing the rank.
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
-from .cli import OneLineParser, report
-from .config import SPLIT_CHOICES, TrainConfig
-from .errors import UsageError
 from .signals import StopRequest
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():  # -> argparse.ArgumentParser
+    import argparse
+    import os
+
+    from .cli import OneLineParser
+    from .config import MAX_STOP_CHECK_EVERY, SPLIT_CHOICES, TrainConfig
+
     d = TrainConfig()
     p = OneLineParser(prog="python -m ddp_abci.train",
                        description="Train the seed's autoencoder with DistributedDataParallel.")
     p.add_argument("--epochs", type=int, default=d.epochs)
     p.add_argument("--bs", type=int, default=d.global_batch, help="global batch, split over the ranks")
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate; on --resume this run's value wins")
+    p.add_argument("--betas", type=float, nargs=2, default=d.betas, metavar=("B1", "B2"),
+                   help="Adam's betas (the seed's 0 0.99); on --resume this run's values win")
     p.add_argument("--amp", default=d.amp, help="auto (fp16 on CUDA, no on the CPU), no, fp16 or bf16")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--workers", type=int, default=d.workers, help="DataLoader workers per rank")
@@ -34,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=d.timeout_s, dest="timeout_s",
                    help="seconds before a hung rendezvous or collective fails")
     p.add_argument("--stop-check-every", type=int, default=d.stop_check_every,
-                   help="steps between the ranks' agreement on SIGTERM/SIGUSR1")
+                   help=f"steps between the ranks' agreement on SIGTERM/SIGUSR1 and divergence (at most "
+                        f"{MAX_STOP_CHECK_EVERY}: a stop is acted on within that many steps, and at every epoch's end)")
+    p.add_argument("--max-skipped-steps", type=int, default=d.max_skipped_steps,
+                   help="fp16: this many GradScaler-skipped steps in a row end the run as diverged (exit 65); 0: never")
     p.add_argument("--log-every", type=float, default=d.log_every_s, dest="log_every_s",
                    help="seconds between progress lines inside an epoch")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the run's figures here")
@@ -67,9 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
+def config_from_args(args):  # (argparse.Namespace) -> TrainConfig
+    from .config import TrainConfig
+
     return TrainConfig(
-        epochs=args.epochs, global_batch=args.bs, lr=args.lr, amp=args.amp, seed=args.seed,
+        epochs=args.epochs, global_batch=args.bs, lr=args.lr, betas=tuple(args.betas), amp=args.amp, seed=args.seed,
         workers=args.workers, pin_memory=args.pin_memory, persistent_workers=args.persistent_workers,
         max_steps=args.max_steps, ckpt_dir=args.ckpt_dir, resume=args.resume, timeout_s=args.timeout_s,
         dim_in=args.dim_in, dim_hidden=args.dim_hidden, num_items=args.num_items,
@@ -77,14 +89,18 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         comm=args.comm, accum=args.accum, loss=args.loss, clip_norm=args.clip_norm, eval_every=args.eval_every,
         warmup_steps=args.warmup_steps, schedule=args.schedule, metrics_jsonl=args.metrics_jsonl, compile=args.compile,
         split=args.split, save_model=args.save_model, fused_adam=args.fused_adam,
+        max_skipped_steps=args.max_skipped_steps,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    # Handlers first, before torch loads: a walltime SIGTERM during start-up is kept and
-    # acted on at the first agreed step instead of killing the rank mid-import.
+    # Handlers first: a walltime SIGTERM during start-up is kept and acted on at the first
+    # agreed step instead of killing the rank mid-import.
     with StopRequest() as stop:
+        from .cli import report
+        from .errors import UsageError
+
+        args = build_parser().parse_args(argv)
         try:
             config = config_from_args(args)
         except UsageError as e:

@@ -10,7 +10,6 @@ import contextlib
 import gc
 import itertools
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NamedTuple
@@ -22,19 +21,21 @@ from torch.utils.data import Dataset
 
 from . import checkpoint as ckpt
 from . import preflight
-from .collectives import all_ranks, check_replicas_agree, print_main, reduce, wait_for_everyone
-from .comm_hook import mpi_max, register_mpi_hook, resolve_comm
+from . import snapshot as snap
+from .collectives import all_ranks, broadcast_error, check_replicas_agree, print_main, reduce, wait_for_everyone
+from .comm_hook import register_mpi_hook, resolve_comm
 from .config import TrainConfig
 from .data import LinspaceDataset, batch_len, build_loader, per_rank_batch, to_device
-from .errors import UsageError
+from .errors import Diverged, SaveFailed, UsageError
 from .evaluation import MetricFn, evaluate
 from .launch import Launch
-from .metrics import Clock, MetricsLog, peak_memory_mib, write_summary
+from .metrics import Clock, open_metrics_log, peak_memory_mib, run_summary, write_summary
 from .model import AutoencoderLoss, LossFn, OptimizerFactory, build_model, compile_model, seed_optimizer, unwrap, \
     wrap_model
 from .precision import autocast, make_scaler, resolve_precision
 from .schedule import build_schedule
 from .signals import EXIT_STOPPED, StopRequest, signal_name
+from .stopping import StopAgreement
 
 
 class StepResult(NamedTuple):
@@ -87,14 +88,28 @@ class Trainer:
         self.eval_metrics = dict(metrics) if metrics is not None else _default_metrics(self.loss_fn)
         self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
 
-        preflight.check_data(train_set, eval_set, config, launch)
-        snapshot = preflight.check_files(config, launch, self.ckpt_file, len(train_set))
+        self.model = self.optimizer = self.scheduler = self.loader = self.sampler = self.metrics = None
+        try:
+            self._build(model, optimizer)
+        except BaseException:
+            # Free DDP now, while the group is open: dropped later with the traceback, its
+            # reducer's gloo threads deadlock on the GIL (seen as a rank hung at exit).
+            self.close()
+            raise
+
+    def _build(self, model: torch.nn.Module | None, optimizer: OptimizerFactory | None) -> None:
+        """The preflight, then model, DDP, loader, optimizer and schedule, then the resume."""
+        config, launch, device = self.config, self.launch, self.device
+        preflight.check_data(self.train_set, self.eval_set, config, launch)
+        snapshot, self.resumed_from = preflight.check_files(config, launch, self.ckpt_file, len(self.train_set))
+        self._rotate = self.resumed_from is None or self.resumed_from == self.ckpt_file  # never keep a bad last.pt
         seed_everything(config.seed + launch.rank)
         model = build_model(config.seed, config.dim_in, config.dim_hidden) if model is None else model
         if snapshot is not None:
-            ckpt.check_model_shape(snapshot, model, self.ckpt_file)
+            ckpt.check_model_shape(snapshot, model, self.resumed_from)
             model.load_state_dict(snapshot["model"])  # before DDP: it broadcasts rank 0's weights
-        preflight.dry_run(model.to(device), train_set, self.loss_fn, self.precision, device, self.per_rank_batch)
+        preflight.dry_run(model.to(device), self.train_set, self.loss_fn, self.precision, device, self.per_rank_batch)
+        preflight.check_disk_space(launch, self.ckpt_file.parent if self.ckpt_file else None, model)
         if config.compile:
             model = compile_model(model, device)  # before DDP, so DDP sees the compiled graph
         self.model = wrap_model(model, device, launch.world_size)
@@ -103,7 +118,7 @@ class Trainer:
             register_mpi_hook(self.model)
 
         self.pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
-        self.loader = build_loader(train_set, launch, config.global_batch, seed=config.seed, split=config.split,
+        self.loader = build_loader(self.train_set, launch, config.global_batch, seed=config.seed, split=config.split,
                                    workers=config.workers, pin_memory=self.pin,
                                    persistent_workers=config.persistent_workers)
         self.sampler = self.loader.sampler
@@ -113,7 +128,7 @@ class Trainer:
         steps_per_epoch = -(-self.batches_per_epoch // config.accum)
         self.scheduler = build_schedule(self.optimizer, config.schedule, config.warmup_steps,
                                         config.max_steps or config.epochs * steps_per_epoch)
-        self.metrics = MetricsLog(config.metrics_jsonl) if config.metrics_jsonl and launch.is_main else None
+        self.metrics = open_metrics_log(config.metrics_jsonl, launch)
         if snapshot is not None:
             self._load_snapshot(snapshot)
 
@@ -142,45 +157,40 @@ class Trainer:
         return ckpt.checkpoint_path(self.config.ckpt_dir) if self.config.ckpt_dir else None
 
     def _load_snapshot(self, snapshot: dict) -> None:
-        self.optimizer.load_state_dict(snapshot["optimizer"])
+        changed = snap.load_optimizer_keeping_hyperparameters(self.optimizer, snapshot["optimizer"])
         self.scaler.load_state_dict(snapshot["scaler"])
-        if self.scheduler is not None and snapshot.get("scheduler"):
-            self.scheduler.load_state_dict(snapshot["scheduler"])
+        self.epoch, self.batch_in_epoch, self.step = snapshot["epoch"], snapshot["batch_in_epoch"], snapshot["step"]
+        snap.load_schedule(self.scheduler, snapshot.get("scheduler"), self.step)
+        changed += snap.changed_run_settings(snapshot.get("config", {}), self.config)
         per_rank = snapshot.get("rng_per_rank")
         same_world = snapshot["world_size"] == self.launch.world_size
         ckpt.restore_rng(per_rank[self.launch.rank] if per_rank and same_world else snapshot["rng"])
-        self.epoch, self.batch_in_epoch, self.step = snapshot["epoch"], snapshot["batch_in_epoch"], snapshot["step"]
-        note = ""
+        note = f"; this run's settings win: {', '.join(changed)}" if changed else ""
         if not same_world:
-            note = (f"; world size changed {snapshot['world_size']} -> {self.launch.world_size}, "
-                    f"global batch {self.config.global_batch} kept, so each rank now takes {self.per_rank_batch}")
-        print_main(self.launch, f"resume: {self.ckpt_file} at epoch {self.epoch}, batch {self.batch_in_epoch}, "
+            note += (f"; world size changed {snapshot['world_size']} -> {self.launch.world_size}, "
+                     f"global batch {self.config.global_batch} kept, so each rank now takes {self.per_rank_batch}")
+        print_main(self.launch, f"resume: {self.resumed_from} at epoch {self.epoch}, batch {self.batch_in_epoch}, "
                                 f"step {self.step}{note}")
+        if self.batch_in_epoch >= self.batches_per_epoch:  # an empty epoch would never end: refuse it
+            raise UsageError(f"resume position batch {self.batch_in_epoch} lies past the epoch's {self.batches_per_epoch} "
+                             "batches; resume with the dataset and --bs the checkpoint was made with")
 
     def _save_snapshot(self) -> None:
-        """Rank 0 writes atomically; the others wait so that nobody runs ahead of a checkpoint
-        that may still fail (or exits while rank 0 is writing)."""
+        """Rank 0 keeps last.pt as prev.pt and writes the new one atomically; the others wait
+        for its verdict, so that a failed write stops every rank at this step, together."""
         if self.ckpt_file is None:
             return
         rng_per_rank = all_ranks(ckpt.rng_state())  # every rank's generators, for an exact resume
+        error = None
         if self.launch.is_main:
-            ckpt.save_atomic({
-                "format": ckpt.FORMAT,
-                "model": unwrap(self.model).state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "epoch": self.epoch,
-                "batch_in_epoch": self.batch_in_epoch,
-                "step": self.step,
-                "global_batch": self.config.global_batch,
-                "train_items": len(self.train_set),
-                "world_size": self.launch.world_size,
-                "config": self.config.to_dict(),
-                "rng": rng_per_rank[0],
-                "rng_per_rank": rng_per_rank,
-            }, self.ckpt_file)
-        wait_for_everyone()
+            try:
+                if self._rotate:
+                    ckpt.keep_previous(self.ckpt_file)
+                ckpt.save_atomic(snap.make_snapshot(self, rng_per_rank), self.ckpt_file)
+                self._rotate = True
+            except Exception as e:  # disk full, quota, folder gone or read-only: all one line
+                error = ckpt.save_failure(e, self.ckpt_file) + f" (step {self.step})"
+        broadcast_error(self.launch, error, SaveFailed)
 
     # -- one step ----------------------------------------------------------------------
 
@@ -246,13 +256,14 @@ class Trainer:
                            f"{cfg.global_batch} ({self.per_rank_batch} per rank), precision {self.precision}, "
                            f"checkpoints {self.ckpt_file or 'off'}")
         stopped_by, last_loss, steps_before = 0, float("nan"), self.step
-        stop = stop or StopRequest()
+        fp16 = self.precision == "fp16"  # there GradScaler skips inf/nan steps by design: count them instead
+        self.agreement = StopAgreement(stop or StopRequest(), cfg.stop_check_every, self.comm, self.device,
+                                       launch.world_size, guard_finite=not fp16,
+                                       max_fp16_skips=cfg.max_skipped_steps if fp16 else 0)
+        self.agreement.checked_step = self.step
         while not self._finished() and not stopped_by:
-            if self.batch_in_epoch >= self.batches_per_epoch:  # never an empty epoch, never a spin
-                raise UsageError(f"resume position batch {self.batch_in_epoch} lies past the epoch's "
-                                 f"{self.batches_per_epoch} batches; resume with the dataset the checkpoint was made with")
             self.sampler.start_epoch(self.epoch, skip_batches=self.batch_in_epoch)
-            last_loss, stopped_by = self._run_epoch(stop)
+            last_loss, stopped_by = self._run_epoch()
             if self.batch_in_epoch == self.batches_per_epoch:
                 self.epoch, self.batch_in_epoch = self.epoch + 1, 0
                 self._save_snapshot()
@@ -311,7 +322,7 @@ class Trainer:
         while group := list(itertools.islice(batches, self.config.accum)):
             yield group
 
-    def _run_epoch(self, stop: StopRequest) -> tuple[float, int]:
+    def _run_epoch(self) -> tuple[float, int]:
         """Train the rest of the current epoch; returns (mean loss over all ranks, signal or 0)."""
         loss_sum = torch.zeros((), device=self.device)
         steps = samples = skipped = stopped_by = 0
@@ -332,7 +343,16 @@ class Trainer:
                 last_log = now
                 print(f"  epoch {self.epoch + 1} [{self.batch_in_epoch}/{self.batches_per_epoch}] "
                       f"rank-0 loss {result.loss.item():.4f}", flush=True)
-            stopped_by = self._stop_agreed(stop)
+            self.agreement.watch(result.grad_norm, result.skipped)
+            # Agree at every check step and always before a save (epoch end, run end), so that
+            # a diverged state is never written over the last good checkpoint.
+            if self.agreement.due(self.step, boundary=self.batch_in_epoch >= self.batches_per_epoch
+                                  or self._finished()):
+                since = self.agreement.checked_step
+                verdict = self.agreement.agree(self.step, loss_sum)
+                if verdict.diverged:
+                    raise self._divergence(verdict.diverged, since, result.loss.item())
+                stopped_by = verdict.signal
             if stopped_by or self._finished():
                 break
         if self.metrics is not None:
@@ -344,22 +364,11 @@ class Trainer:
                           lr=self.optimizer.param_groups[0]["lr"], grad_norm=result.grad_norm,
                           scale=self.scaler.get_scale() if self.scaler.is_enabled() else None)
 
-    def _stop_agreed(self, stop: StopRequest) -> int:
-        """The stop signal some rank received, once every rank knows it; else 0.
-
-        Ranks get a signal at slightly different moments, so the decision is an all-reduce
-        (MAX of the signal number) taken at the same step on every rank. Every
-        --stop-check-every steps, not every step, keeps its cost off the throughput.
-        """
-        if self.step % self.config.stop_check_every:
-            return 0
-        if self.launch.world_size == 1:
-            return stop.received
-        if self.comm == "mpi":
-            return mpi_max(stop.received)
-        flag = torch.tensor([stop.received], dtype=torch.int32, device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+    def _divergence(self, verdict_kind: int, since_step: int, last_loss: float) -> Diverged:
+        kept = (f"{self.ckpt_file} from before it was kept, the diverged state was not saved" if self.ckpt_file
+                else "nothing was saved (no --ckpt-dir)")
+        return Diverged(f"{self.agreement.describe(verdict_kind, since_step, self.step, last_loss)}; {kept}; "
+                        f"try a lower --lr (this run: {self.config.lr:g}) or --clip-norm, then --resume")
 
     def _epoch_report(self, loss_sum: torch.Tensor, steps: int, samples: int, skipped: int,
                       norms: list[float], elapsed: float) -> float:
@@ -379,17 +388,10 @@ class Trainer:
         """Rank 0 writes the run's figures as JSON: peak memory is gathered from every rank."""
         peak, kind = peak_memory_mib(self.device)
         peaks = all_ranks(peak)
-        if not (self.config.summary_json and self.launch.is_main):
-            return
-        write_summary(self.config.summary_json, {
-            "side": "raw", "world_size": self.launch.world_size, "global_batch": self.config.global_batch,
-            "precision": self.precision, "steps": self.step, "final_loss": last_loss,
-            "samples_per_s": self.clock.samples_per_s(),
-            "start_unix": self.clock.start_unix, "first_step_unix": self.clock.first_step_unix,
-            "peak_mem_mib_per_rank": peaks, "memory_kind": kind,
-            "stopped_by": signal_name(stopped_by) if stopped_by else None,
-            "device": str(self.device), "torch": torch.__version__, "python": sys.version.split()[0],
-        })
+        if self.config.summary_json and self.launch.is_main:
+            write_summary(self.config.summary_json, run_summary(
+                self.launch.world_size, self.config.global_batch, self.precision, self.step, last_loss, self.clock,
+                peaks, kind, signal_name(stopped_by) if stopped_by else None, self.device))
 
 
 def _default_metrics(loss_fn: LossFn) -> dict[str, MetricFn]:

@@ -5,7 +5,7 @@ import pytest
 
 from ddp_abci import launch as launch_mod
 from ddp_abci.launch import LaunchError, discover_launch
-from ddp_abci.rendezvous import RendezvousError, check_bindable, interface_address, routable_address
+from ddp_abci.rendezvous import AddressUnusable, check_bindable, interface_address, routable_address
 
 
 @pytest.fixture
@@ -86,12 +86,12 @@ def test_a_port_in_use_is_refused_naming_the_port():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        with pytest.raises(RendezvousError, match=f"port {port} .* already in use"):
+        with pytest.raises(AddressUnusable, match=f"port {port} .* already in use"):
             check_bindable("127.0.0.1", port)
 
 
 def test_an_address_of_another_host_is_refused_on_rank_0():
-    with pytest.raises(RendezvousError, match="not an address of rank 0's host"):
+    with pytest.raises(AddressUnusable, match="not an address of rank 0's host"):
         check_bindable("192.0.2.254", 0)
 
 
@@ -100,7 +100,7 @@ def test_an_interface_is_resolved_to_its_address():
 
 
 def test_an_unknown_interface_lists_the_ones_that_exist():
-    with pytest.raises(RendezvousError, match="lo"):
+    with pytest.raises(AddressUnusable, match="lo"):
         interface_address("nosuch0")
 
 

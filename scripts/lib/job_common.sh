@@ -13,6 +13,7 @@
 #   CKPT_DIR        checkpoint folder; when set, runs resume from it (resubmit the same job)
 #   TRAIN_ARGS      extra trainer arguments (qsub -v TRAIN_ARGS="--epochs 10"); script arguments too
 #   BINDS           extra singularity bind paths, comma separated
+#   DRY_RUN         1: print the mpirun command line (forwarded variables, binds, mapping) and exit 0
 
 die() {
     echo "$(basename "$0"): error: $*" >&2
@@ -96,6 +97,31 @@ trainer_args() {
     TRAIN+=(${TRAIN_ARGS:-})
 }
 
+# FORWARD: `-x VAR` for each variable the ranks need from this shell. Open MPI hands ranks
+# on other nodes only what it is told to; NCCL_SOCKET_IFNAME follows IFNAME unless set.
+forward_env() {
+    if [ -n "${IFNAME:-}" ] && [ -z "${NCCL_SOCKET_IFNAME:-}" ]; then
+        export NCCL_SOCKET_IFNAME=$IFNAME
+    fi
+    export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+    FORWARD=(-x PATH)
+    [ -n "${LD_LIBRARY_PATH:-}" ] && FORWARD+=(-x LD_LIBRARY_PATH)
+    local var
+    while IFS= read -r var; do
+        FORWARD+=(-x "$var")
+    done < <(compgen -e | grep -E '^(NCCL_.*|TORCH_.*|OMP_NUM_THREADS|PYTHONNOUSERSITE)$' | sort)
+}
+
+# What the job's exit status means for the next step (errors.py has the list).
+explain_exit() {
+    case "$1" in
+        75) echo "job $JOB_NUM: stopped early with a checkpoint; resubmit with the same CKPT_DIR to continue" ;;
+        65) echo "job $JOB_NUM: diverged; the last good checkpoint is kept; do not resubmit as is: lower --lr or add --clip-norm" ;;
+        74) echo "job $JOB_NUM: a checkpoint could not be written (disk full, quota, folder); free space, then resubmit" ;;
+        2) echo "job $JOB_NUM: refused before training (bad setting, named above); fix it, then resubmit" ;;
+    esac
+}
+
 # Start mpirun and wait. SIGTERM at walltime is turned into SIGUSR1 for mpirun: Open MPI
 # forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM it forwards, then
 # ends the job and its output (ranks' last lines lost, a slow checkpoint cut short).
@@ -104,12 +130,18 @@ launch_training() {
     rank_command
     write_hostfile "$per_node"
     trainer_args
+    forward_env
     # shellcheck disable=SC2206
     local extra_mpi=(${MPI_ARGS:-})
+    local cmd=("${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" --map-by "ppr:${per_node}:node"
+        "${FORWARD[@]}" "${extra_mpi[@]}" "${RANK_CMD[@]}" "${TRAIN[@]}" "$@")
     echo "job $JOB_NUM: ${#NODES[@]} node(s) x $per_node rank(s) = $np, container ${CONTAINER}"
-    "${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" --map-by "ppr:${per_node}:node" \
-        -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} -x TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "${extra_mpi[@]}" \
-        "${RANK_CMD[@]}" "${TRAIN[@]}" "$@" &
+    if [ "${DRY_RUN:-0}" = 1 ]; then
+        echo "dry run: $(printf '%q ' "${cmd[@]}")"
+        rm -f "$HOSTFILE"
+        return 0
+    fi
+    "${cmd[@]}" &
     local pid=$! rc=0
     trap 'kill -USR1 "$pid" 2>/dev/null' TERM USR1
     wait "$pid" || rc=$?
@@ -119,8 +151,6 @@ launch_training() {
     done
     trap - TERM USR1
     rm -f "$HOSTFILE"
-    if [ "$rc" -eq 75 ]; then
-        echo "job $JOB_NUM: stopped early with a checkpoint; resubmit with the same CKPT_DIR to continue"
-    fi
+    explain_exit "$rc"
     return "$rc"
 }

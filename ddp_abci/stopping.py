@@ -1,0 +1,87 @@
+"""When the ranks stop together: a stop signal, or a run that diverged.
+
+Every rank must leave the loop at the same step, or the next collective hangs; so each
+decision is one all-reduce (MAX) of a small vector, taken at the same step on every rank:
+every --stop-check-every steps, at each epoch's last step and at the run's last step.
+Checkpoints are written only right after such an agreement, so a diverged state is never
+saved: the divergence is always seen before the save.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .comm_hook import mpi_max_vector
+from .signals import StopRequest
+
+# What went wrong, in the order MAX prefers: any rank's divergence beats a stop signal.
+OK, LOSS, GRAD_NORM, FP16_SKIPS = 0, 1, 2, 3
+_WHAT = {LOSS: "the loss", GRAD_NORM: "the gradient norm", FP16_SKIPS: "fp16's GradScaler"}
+
+
+class Verdict(NamedTuple):
+    signal: int      # the stop signal some rank received, or 0
+    diverged: int    # OK, LOSS, GRAD_NORM or FP16_SKIPS
+
+    def __bool__(self) -> bool:
+        return bool(self.signal or self.diverged)
+
+
+class StopAgreement:
+    """Watches each step for free (host values the loop has anyway, device tensors it
+    sums anyway) and turns what it saw into one agreed Verdict at the check steps."""
+
+    def __init__(self, stop: StopRequest, every: int, comm: str, device: torch.device, world_size: int,
+                 guard_finite: bool, max_fp16_skips: int) -> None:
+        self.stop, self.every, self.comm, self.device, self.world_size = stop, every, comm, device, world_size
+        self.guard_finite, self.max_fp16_skips = guard_finite, max_fp16_skips
+        self.bad_norm: float | None = None
+        self.skips_in_a_row = 0
+        self.checked_step = 0
+
+    def watch(self, grad_norm: float | None, skipped: bool) -> None:
+        """After each step: the gradient norm (a host float when clipping) and fp16's skip."""
+        if self.guard_finite and grad_norm is not None and not math.isfinite(grad_norm):
+            self.bad_norm = grad_norm
+        self.skips_in_a_row = self.skips_in_a_row + 1 if skipped else 0
+
+    def due(self, step: int, boundary: bool) -> bool:
+        return boundary or step % self.every == 0
+
+    def agree(self, step: int, epoch_loss_sum: torch.Tensor) -> Verdict:
+        """The verdict every rank shares. `epoch_loss_sum` is the epoch's running sum of step
+        losses: a non-finite step loss makes it non-finite for good (inf and nan propagate
+        through a sum), so one read here checks every step since the last check, with no
+        per-step host sync."""
+        self.checked_step = step
+        local = Verdict(self.stop.received, self._local_divergence(epoch_loss_sum))
+        if self.world_size == 1:
+            return local
+        if self.comm == "mpi":
+            return Verdict(*mpi_max_vector(list(local)))
+        flags = torch.tensor(list(local), dtype=torch.int64, device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return Verdict(*(int(v) for v in flags.tolist()))
+
+    def _local_divergence(self, epoch_loss_sum: torch.Tensor) -> int:
+        if self.max_fp16_skips and self.skips_in_a_row >= self.max_fp16_skips:
+            return FP16_SKIPS
+        if not self.guard_finite:
+            return OK
+        if self.bad_norm is not None:
+            return GRAD_NORM
+        return OK if np.isfinite(epoch_loss_sum.item()) else LOSS
+
+    def describe(self, kind: int, since_step: int, step: int, last_loss: float) -> str:
+        """The one line a divergence ends with (the value is this rank's, rank 0's when printed)."""
+        if kind == FP16_SKIPS:
+            what = f"fp16's GradScaler skipped {self.skips_in_a_row} steps in a row (inf/nan gradients every step)"
+        elif kind == GRAD_NORM and self.bad_norm is not None:
+            what = f"the gradient norm became {self.bad_norm}"
+        else:
+            what = f"{_WHAT[kind]} became non-finite (last step loss {last_loss})"
+        return f"diverged: {what} between steps {since_step + 1} and {step}"

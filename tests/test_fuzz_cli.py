@@ -1,0 +1,117 @@
+"""A fuzzed command line: generated argument vectors over every flag, with valid, boundary
+and hostile values. Each is either accepted or refused with exit status 2 and exactly one
+`error:` line, never a traceback, and never a changed file in the checkpoint folder.
+
+It runs in this process: everything up to the first step happens for real (the flags, the
+configuration, the launch, a world-size-1 process group, the preflight with its file
+checks and dry run, the model, loader and optimizer); only the training loop is replaced,
+so that an accepted huge --epochs costs nothing.
+"""
+import contextlib
+import hashlib
+import io
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import assert_clean, train
+from ddp_abci import train as cli
+from ddp_abci.trainer import Trainer
+
+EXAMPLES = 100  # about 30 s here; CI's budget for this test is a minute
+# Valid values three times over, so that most generated lines get past the flags and
+# exercise the later checks (launch, files, data, model) too.
+INTS = ["1", "2", "7", "50"] * 3 + ["0", "-1", "1000000", "10" * 20, "nan", "1.5", "", "abc", "inf", "0x10"]
+FLOATS = ["1e-05", "0.5", "3"] * 3 + ["0", "-1", "nan", "inf", "-inf", "1e10", "1e400", "", "x"]
+CHOICES = {"--amp": ["auto", "no", "fp16", "bf16"], "--comm": ["auto", "mpi", "gloo", "nccl"],
+           "--loss": ["rmse", "mse"], "--schedule": ["constant", "cosine"], "--split": ["strided", "contiguous"]}
+HOSTILE_CHOICES = ["", "FP16", "bogus", "-1"]
+INT_FLAGS = ["--epochs", "--bs", "--seed", "--workers", "--max-steps", "--stop-check-every", "--dim-in",
+             "--dim-hidden", "--num-items", "--accum", "--eval-every", "--warmup-steps", "--max-skipped-steps",
+             "--master-port"]
+FLOAT_FLAGS = ["--lr", "--timeout", "--log-every", "--clip-norm"]
+BOOL_FLAGS = ["--pin-memory", "--persistent-workers", "--fused-adam"]
+SWITCHES = ["--resume", "--compile"]
+PATH_FLAGS = ["--summary-json", "--save-model", "--metrics-jsonl"]
+UNKNOWN = ["--bogus", "-x", "--lr=", "stray", "--epochs=2=3", "--"]
+
+
+def paths(root: Path, kind: str) -> st.SearchStrategy:
+    base = [str(root / "new" / "out.json")] * 4 + [str(root / "missing" / "deeper" / "x.json"), str(root / "a_folder"),
+            str(root / "a_file" / "x.json"), "/proc/no-such/x", "", "/dev/full", str(root / "a_file")]
+    if kind == "dir":
+        base += [str(root / "ckpt"), str(root / "fresh_ckpt")] * 3
+    return st.sampled_from(base)
+
+
+def argument(root: Path) -> st.SearchStrategy:
+    def flag_value(flag, values):
+        return st.tuples(st.just(flag), values).map(list)
+
+    options = [flag_value(f, st.sampled_from(INTS)) for f in INT_FLAGS]
+    options += [flag_value(f, st.sampled_from(FLOATS)) for f in FLOAT_FLAGS]
+    options += [flag_value(f, st.sampled_from(v * 3 + HOSTILE_CHOICES)) for f, v in CHOICES.items()]
+    options += [st.sampled_from([[f], ["--no-" + f[2:]]]) for f in BOOL_FLAGS]
+    options += [st.just([s]) for s in SWITCHES]
+    options += [flag_value(f, paths(root, "file")) for f in PATH_FLAGS]
+    options += [flag_value("--ckpt-dir", paths(root, "dir"))]
+    options += [st.tuples(st.just("--betas"), st.sampled_from(FLOATS), st.sampled_from(FLOATS)).map(list),
+                st.tuples(st.just("--betas"), st.sampled_from(FLOATS)).map(list)]  # one value too few
+    options += [flag_value("--master-addr", st.sampled_from(["127.0.0.1"] * 3 + ["", "256.1.1.1", "no.such.host.invalid"])),
+                flag_value("--interface", st.sampled_from(["lo", "nope0", ""])),
+                st.sampled_from([[u] for u in UNKNOWN])]
+    return st.one_of(options)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz")
+    (root / "a_folder").mkdir()
+    (root / "a_file").write_text("not a folder")
+    (root / "new").mkdir()
+    assert_clean(train("--epochs", "2", "--num-items", "400", "--ckpt-dir", str(root / "ckpt")))
+    return root
+
+
+def run_in_process(argv: list[str], monkeypatch) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "run", lambda self, stop=None: 0)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = cli.main(argv)
+            except SystemExit as e:  # argparse's own exit for bad flags
+                status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_every_generated_command_line_is_accepted_or_one_error_line_with_exit_2(root, monkeypatch):
+    tried, refused = [], []
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    @given(st.lists(argument(root), min_size=1, max_size=5))
+    def check(args):
+        argv = [token for arg in args for token in arg]
+        before = digest(root / "ckpt")
+        status, out, err = run_in_process(argv, monkeypatch)
+        tried.append(argv)
+        assert "Traceback" not in out + err, (argv, out, err)
+        assert digest(root / "ckpt") == before, argv
+        if status == 0:
+            return
+        refused.append(argv)
+        lines = err.splitlines()
+        assert status == 2, (argv, status, out, err)
+        assert len(lines) == 1 and lines[0].startswith("error: "), (argv, err)
+
+    check()
+    print(f"fuzzed command lines: {len(tried)} tried, {len(refused)} refused in one line, "
+          f"{len(tried) - len(refused)} accepted")
+    assert len(tried) >= EXAMPLES and refused and len(refused) < len(tried)

@@ -1,0 +1,123 @@
+"""Resume and stop at the edges: the resume contract, no endless loop, exit 75 only when
+work is left, stale temporary files, and signals from the first moments of a rank."""
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, assert_clean, env, load, run_mpi, start_mpi, train, wait_for_line
+
+pytestmark = pytest.mark.usefixtures("mpirun_available")
+
+SMALL = ["--num-items", "400", "--bs", "50", "--seed", "3"]  # 8 steps an epoch
+
+
+def _one_error(proc) -> str:
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
+    assert proc.returncode != 0 and len(lines) == 1, proc.stdout
+    assert "Traceback" not in proc.stdout and "training:" not in proc.stdout, proc.stdout
+    return lines[0]
+
+
+def test_a_resume_with_fewer_items_fails_in_seconds_naming_num_items(tmp_path):
+    assert_clean(run_mpi(2, "--epochs", "2", "--max-steps", "150", "--ckpt-dir", str(tmp_path)))
+    started = time.monotonic()
+    proc = run_mpi(2, "--epochs", "2", "--ckpt-dir", str(tmp_path), "--resume", "--num-items", "2000", timeout=30)
+    assert "--num-items 10000" in _one_error(proc)
+    assert "Exit code:    2" in proc.stdout and time.monotonic() - started < 20
+
+
+def test_a_resume_that_adds_eval_every_is_refused_as_another_epoch(tmp_path):
+    assert_clean(train(*SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path)))
+    assert "--eval-every" in _one_error(train(*SMALL, "--epochs", "2", "--ckpt-dir", str(tmp_path), "--resume",
+                                              "--eval-every", "1"))
+
+
+@pytest.mark.parametrize("flag, value", [("--seed", "7"), ("--bs", "100"), ("--split", "contiguous")])
+def test_a_resume_that_would_not_be_exact_is_refused_naming_the_saved_value(tmp_path, flag, value):
+    assert_clean(train(*SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path)))
+    before = (tmp_path / "last.pt").read_bytes()
+    line = _one_error(train(*SMALL, "--epochs", "2", "--ckpt-dir", str(tmp_path), "--resume", flag, value))
+    assert flag in line and "resume with" in line
+    assert (tmp_path / "last.pt").read_bytes() == before
+
+
+def test_a_loop_whose_resume_position_lies_past_the_epoch_is_an_error_not_a_spin(tmp_path):
+    from ddp_abci.data import ShardBatchSampler  # noqa: F401  (the sampler the check protects)
+    import torch
+
+    assert_clean(train(*SMALL, "--epochs", "1", "--max-steps", "6", "--ckpt-dir", str(tmp_path)))
+    state = load(tmp_path / "last.pt")
+    state["batch_in_epoch"] = 99  # as if written by a run with a longer epoch, train_items alike
+    torch.save(state, tmp_path / "last.pt")
+    line = _one_error(train(*SMALL, "--epochs", "2", "--ckpt-dir", str(tmp_path), "--resume", timeout=60))
+    assert "lies past the epoch" in line
+
+
+def test_a_stop_agreed_on_the_last_step_saves_and_exits_0_saying_the_run_is_complete(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_abci.train", *SMALL, "--epochs", "1", "--ckpt-dir",
+                             str(tmp_path)], cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    time.sleep(0.3)  # inside torch's import: recorded, acted on at the first check, step 8, the last
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "SIGUSR1 arrived at the last step: the run is complete" in out
+    assert load(tmp_path / "last.pt")["step"] == 8
+
+
+def test_a_stop_signal_during_start_up_is_recorded_and_acted_on_at_the_first_check(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "ddp_abci.train", *SMALL, "--epochs", "50", "--ckpt-dir",
+                             str(tmp_path)], cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out
+    assert load(tmp_path / "last.pt")["step"] == 8 and "stopped on SIGTERM" in out
+
+
+def test_stop_check_every_beyond_its_cap_is_refused():
+    proc = train("--stop-check-every", "100000")
+    assert "--stop-check-every" in _one_error(proc) and "1000" in proc.stdout
+
+
+def test_summary_json_into_a_missing_folder_is_refused_before_training(tmp_path):
+    line = _one_error(run_mpi(2, *SMALL, "--epochs", "1", "--summary-json", str(tmp_path / "no" / "x.json")))
+    assert "--summary-json" in line and "does not exist" in line
+
+
+def test_stale_temporary_checkpoints_are_removed_by_the_next_run_and_nothing_else(tmp_path):
+    stale = [tmp_path / ".last.pt.k3j2_x.tmp", tmp_path / ".prev.pt.abc.tmp"]
+    for p in stale:
+        p.write_bytes(b"x" * 1000)
+    mine = tmp_path / ".notes.tmp"
+    mine.write_text("keep")
+    proc = run_mpi(2, *SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path))
+    assert_clean(proc)
+    assert "removed 2 temporary checkpoint file(s)" in proc.stdout
+    assert not any(p.exists() for p in stale) and mine.exists()
+
+
+@pytest.mark.parametrize("args, needle", [(["--bs", "20000"], "larger than the training set"),
+                                          (["--num-items", "1"], "every rank needs at least one")])
+def test_a_batch_or_dataset_that_cannot_be_shared_out_is_refused(args, needle):
+    assert needle in _one_error(run_mpi(2, "--epochs", "1", *args))
+
+
+def test_sigterm_to_a_bare_mpirun_leaves_a_whole_checkpoint(tmp_path):
+    # Open MPI 5 forwards SIGTERM to the ranks and SIGKILLs them about 0.25 s later
+    # (measured; README "Stopping"): a save may be cut short, the file on disk is whole.
+    proc = start_mpi(2, "--epochs", "1000", "--num-items", "400", "--ckpt-dir", str(tmp_path))
+    try:
+        wait_for_line(proc, "epoch 3/1000")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert load(tmp_path / "last.pt")["epoch"] >= 3
+    assert_clean(run_mpi(2, "--epochs", "1", "--num-items", "400", "--ckpt-dir", str(tmp_path), "--resume"))
+    assert not list(tmp_path.glob(".*.tmp"))
