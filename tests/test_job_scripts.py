@@ -1,6 +1,7 @@
 """Job scripts and container recipes, checked as far as a machine without a scheduler,
 Docker or Singularity allows: shellcheck, real 2-rank runs outside the scheduler, their
 bad-setting errors, and the recipes parsed."""
+import json
 import os
 import re
 import shutil
@@ -174,7 +175,64 @@ def test_the_dockerfile_and_the_definition_build_the_same_pinned_image():
         assert f"{pkg.lower()}=={version}" in definition
 
 
-def test_the_gpu_check_says_there_is_no_gpu_and_exits_3():
+def test_the_gpu_check_without_a_cuda_build_exits_3_within_seconds_naming_it():
+    started = time.monotonic()
     proc = run(["bash", "scripts/gpu_check.sh"], env=env(PYTHON=PYTHON))
-    assert proc.returncode == 3
-    assert "gpu_check: no GPU visible to torch" in proc.stdout
+    assert proc.returncode == 3, proc.stdout
+    assert "is a CPU build (no CUDA)" in proc.stdout and time.monotonic() - started < 10
+
+
+def test_the_gpu_check_names_a_python_without_torch():
+    proc = run(["bash", "scripts/gpu_check.sh"], env=env(PYTHON="/bin/true"))
+    assert proc.returncode == 3 and "gpu_check: nothing to check" in proc.stdout, proc.stdout
+
+
+def test_the_gpu_check_summary_keeps_every_steps_figures_or_its_failure(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "environment.json").write_text('{"gpu": "H200", "bf16_matmul_tflops": 800.0}')
+    (work / "raw_large_bf16.status.json").write_text('{"status": "ok", "launched_unix": 100.0, "wall_s": 30}')
+    (work / "raw_large_bf16.json").write_text('{"samples_per_s": 4000000.0, "first_step_unix": 112.5, "steps": 32}')
+    (work / "raw_seed_fp16.status.json").write_text('{"status": "timed out after 100s", "launched_unix": 1}')
+    out = tmp_path / "gpu_check.json"
+    proc = run([PYTHON, "scripts/lib/gpu_summary.py", str(work), str(out), "1"])
+    assert proc.returncode == 0, proc.stdout
+    summary = json.loads(out.read_text())
+    large = summary["steps"]["raw_large_bf16"]
+    assert large["first_step_s"] == 12.5 and large["tflops"] == pytest.approx(4e6 * 12 * 1000 * 4096 / 1e12)
+    assert large["fraction_of_matmul_peak"] == pytest.approx(large["tflops"] / 800)
+    assert summary["steps"]["raw_seed_fp16"]["status"] == "timed out after 100s"
+    assert "NCCL refuses two ranks" in summary["note"] and summary["gpu"] == "H200"
+
+
+def test_the_gpu_check_records_each_step_under_out_even_when_steps_fail_or_hang(tmp_path):
+    # A stand-in Python that claims one GPU to the probe and is the venv's Python otherwise:
+    # here the CUDA steps fail, fp32 really trains, and the large step outlives its limit.
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/bash\nif [ "$*" = - ]; then cat >/dev/null; echo "ok 1"; exit; fi\nexec {PYTHON} "$@"\n')
+    fake.chmod(0o755)
+    started = time.monotonic()
+    proc = run(["bash", "scripts/gpu_check.sh"], env=env(PYTHON=str(fake), OUT=str(tmp_path / "out"), STEP_S="15",
+                                                         BUDGET_S="60"), timeout=120)
+    assert proc.returncode == 0, proc.stdout
+    summary = json.loads((tmp_path / "out" / "gpu" / "gpu_check.json").read_text())
+    steps = summary["steps"]
+    assert set(steps) == {"environment", "raw_seed_fp16", "raw_seed_bf16", "raw_seed_no", "accelerate_seed",
+                          "raw_large_bf16", "nccl_startup"}, steps
+    assert steps["raw_seed_no"]["status"] == "ok" and steps["raw_seed_no"]["samples_per_s"] > 0
+    assert steps["raw_seed_no"]["first_step_s"] > 0
+    assert steps["raw_seed_fp16"]["status"] == "failed, exit 2"
+    assert steps["raw_large_bf16"]["status"].startswith(("timed out", "skipped"))
+    assert time.monotonic() - started < 90
+
+
+def test_the_job_scripts_forward_nccl_torch_and_thread_variables_to_every_rank(localhost):
+    e = job_env(localhost, DRY_RUN="1", IFNAME="lo", NCCL_DEBUG="INFO", TORCH_SHOW_CPP_STACKTRACES="1",
+                OMP_NUM_THREADS="4")
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert proc.returncode == 0, proc.stdout
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("dry run: "))
+    for var in ("PATH", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "TORCH_SHOW_CPP_STACKTRACES", "OMP_NUM_THREADS",
+                "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
+        assert f"-x {var} " in line, line
+    assert "--interface lo" in line and "done:" not in proc.stdout  # printed, not run

@@ -187,3 +187,33 @@ def test_an_unwritable_checkpoint_folder_is_refused(tmp_path):
     blocker.write_text("")
     with pytest.raises(ckpt.CheckpointError, match="cannot be written"):
         ckpt.check_writable(blocker / "ckpt")
+
+
+def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_fp16(monkeypatch):
+    import torch
+
+    from ddp_abci.errors import UsageError
+    from ddp_abci.precision import resolve_precision
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla V100")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # what torch says: emulation counts
+    with pytest.raises(UsageError, match="only emulates bf16; use --amp fp16"):
+        resolve_precision("bf16", torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert resolve_precision("bf16", torch.device("cuda", 0)) == "bf16"
+
+
+def test_an_nccl_error_at_init_is_a_backend_failure_not_a_rendezvous_one(monkeypatch):
+    import torch.distributed as dist
+
+    from ddp_abci.launch import Launch
+    from ddp_abci.process_group import BackendFailed, open_process_group
+
+    def fail(*args, **kwargs):
+        raise dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp, unhandled cuda error")
+
+    monkeypatch.setattr(dist, "init_process_group", fail)
+    with pytest.raises(BackendFailed) as raised:
+        open_process_group(Launch(0, 1, 0, 1, "127.0.0.1", 29500, "single"))
+    assert "could not start" in str(raised.value) and "could not meet" not in str(raised.value)
