@@ -58,8 +58,8 @@ def make_accelerator(amp: str, as_written: bool, seed: int = 0):
     launched = launched_world_size()
     if launched > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
         # Accelerate initialises with env://; it would stop with a traceback, or take port 29500.
-        raise UsageError("Accelerate needs MASTER_ADDR and MASTER_PORT from the launcher: "
-                         "mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<free port>, as the seed's job script does")
+        raise UsageError("Accelerate needs MASTER_ADDR and MASTER_PORT from the launcher: mpirun -x "
+                         "MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<free port>, as the seed's job script does")
     # cpu=True is what makes Accelerate read Open MPI's variables on a CPU-only machine.
     cpu = not torch.cuda.is_available()
     if as_written:
@@ -100,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
     if split and args.bs % world:
         raise UsageError(f"global batch {args.bs} does not divide by world size {world}; use a multiple of {world}")
     global_batch = args.bs if split else args.bs * world
-    accelerator.print(
-        f"accelerate variant: world size {world}, device {accelerator.device}, precision {args.amp}, "
-        f"{'seed as written: Accelerator(split_batches=True) ignored' if args.as_written else 'seed intent: DataLoaderConfiguration(split_batches=True)'}"
-        f" -> split_batches={split}, global batch {global_batch}")
+    reading = ("seed as written: Accelerator(split_batches=True) ignored" if args.as_written
+               else "seed intent: DataLoaderConfiguration(split_batches=True)")
+    accelerator.print(f"accelerate variant: world size {world}, device {accelerator.device}, precision {args.amp}, "
+                      f"{reading} -> split_batches={split}, global batch {global_batch}")
 
     model = build_model(args.seed)
     dataset = LinspaceDataset(num_items=args.num_items)
@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
                 break
         # The seed prints rank 0's own loss; the mean over ranks is what the raw trainer logs.
         loss_mean = accelerator.reduce(loss_epoch / max(batches, 1), reduction="mean").item()
-        accelerator.print(f"epoch {epoch + 1}/{args.epochs}: loss {loss_mean:.4f} (mean over ranks), global step {steps}")
+        accelerator.print(f"epoch {epoch + 1}/{args.epochs}: loss {loss_mean:.4f} (mean over ranks), "
+                          f"global step {steps}")
         if args.max_steps and steps >= args.max_steps:
             break
     elapsed = time.perf_counter() - t0

@@ -159,7 +159,8 @@ def ratios(sides: dict) -> dict:
     out = {"throughput raw / accelerate": ratio("raw", "accelerate", "samples_per_s"),
            "wall time raw / accelerate": ratio("raw", "accelerate", "wall_s")}
     if "raw1" in sides:
-        out[f"throughput raw {sides.get('raw', {}).get('world_size', '')} ranks / 1 rank"] = ratio("raw", "raw1", "samples_per_s")
+        ranks = sides.get("raw", {}).get("world_size", "")
+        out[f"throughput raw {ranks} ranks / 1 rank"] = ratio("raw", "raw1", "samples_per_s")
     return out
 
 

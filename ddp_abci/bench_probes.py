@@ -101,7 +101,8 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
         if "pg" in backends:
             out[f"{dist.get_backend()}_ms"] = _time(lambda: dist.all_reduce(buf), iters, device)
             flag = torch.zeros(1, dtype=torch.int32, device=device)
-            out[f"stop_flag_{dist.get_backend()}_ms"] = _time(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), iters, device)
+            out[f"stop_flag_{dist.get_backend()}_ms"] = _time(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX),
+                                                              iters, device)
         if "mpi" in backends and device.type == "cpu":
             from mpi4py import MPI
 

@@ -47,7 +47,8 @@ def check_writable(ckpt_dir: str | os.PathLike) -> None:
         with tempfile.NamedTemporaryFile(dir=ckpt_dir, prefix=".probe-"):
             pass
     except OSError as e:
-        raise CheckpointError(f"--ckpt-dir {ckpt_dir} cannot be written ({e.strerror}); choose a writable folder") from None
+        raise CheckpointError(f"--ckpt-dir {ckpt_dir} cannot be written ({e.strerror}); "
+                              "choose a writable folder") from None
 
 
 def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> None:

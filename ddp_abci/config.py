@@ -96,8 +96,9 @@ def _ranges(c: TrainConfig) -> list[tuple[str, object, float, float]]:
             ("--seed", c.seed, 0, 2**63 - 1), ("--workers", c.workers, 0, 1024), ("--max-steps", c.max_steps, 0, INF),
             ("--timeout", c.timeout_s, 1e-3, 7 * 86400), ("--dim-in", c.dim_in, 1, 2**31 - 1),
             ("--dim-hidden", c.dim_hidden, 1, 2**31 - 1), ("--num-items", c.num_items, 1, 2**62),
-            ("--log-every", c.log_every_s, 1e-3, INF), ("--stop-check-every", c.stop_check_every, 1, MAX_STOP_CHECK_EVERY),
-            ("--accum", c.accum, 1, 2**31 - 1), ("--clip-norm", c.clip_norm, 0, INF), ("--eval-every", c.eval_every, 0, INF),
+            ("--log-every", c.log_every_s, 1e-3, INF),
+            ("--stop-check-every", c.stop_check_every, 1, MAX_STOP_CHECK_EVERY), ("--accum", c.accum, 1, 2**31 - 1),
+            ("--clip-norm", c.clip_norm, 0, INF), ("--eval-every", c.eval_every, 0, INF),
             ("--warmup-steps", c.warmup_steps, 0, INF), ("--max-skipped-steps", c.max_skipped_steps, 0, INF)]
 
 

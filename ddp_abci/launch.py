@@ -108,7 +108,8 @@ def _from_mpi4py(env: Mapping[str, str], addr: str | None, port: int | None, int
             rendezvous.check_bindable(chosen, port or 0)
             choice = (chosen, port or rendezvous.free_port(chosen), None)
         except Exception as e:
-            choice = (None, None, str(e) if isinstance(e, UsageError) else f"rank 0 could not choose the rendezvous: {e!r}")
+            error = str(e) if isinstance(e, UsageError) else f"rank 0 could not choose the rendezvous: {e!r}"
+            choice = (None, None, error)
     chosen, chosen_port, error = comm.bcast(choice, root=0)
     if error:
         raise rendezvous.AddressUnusable(error)

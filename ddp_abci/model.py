@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import shutil
 from typing import Any, Callable, Iterable
 
 import torch
@@ -75,10 +76,9 @@ class AutoencoderLoss:
 
 def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
     """torch.compile, where it can run: Inductor builds C++ kernels on the CPU and Triton ones on GPUs."""
-    import shutil
-
     if device.type == "cpu" and not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
-        raise UsageError("--compile on the CPU needs a C++ compiler (g++) for Inductor's kernels; install one or drop --compile")
+        raise UsageError("--compile on the CPU needs a C++ compiler (g++) for Inductor's kernels; "
+                         "install one or drop --compile")
     try:
         return torch.compile(model)
     except RuntimeError as e:  # e.g. a Python version Dynamo does not support yet

@@ -62,7 +62,7 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
     # counted with sys.getrefcount). destroy_process_group then never frees the group, its
     # gloo worker threads live on into interpreter shutdown, and one that drops a tensor
     # there aborts the exit with "terminate called without an active exception".
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo  # noqa: F401, PLC0415
     device = choose_device(launch)
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -86,7 +86,8 @@ def check_bindable(addr: str, port: int) -> None:
     try:
         family, *_, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as e:
-        raise AddressUnusable(f"master address {addr!r} does not resolve ({e.strerror}); set MASTER_ADDR to rank 0's host") from None
+        raise AddressUnusable(f"master address {addr!r} does not resolve ({e.strerror}); "
+                              "set MASTER_ADDR to rank 0's host") from None
     with socket.socket(family, socket.SOCK_STREAM) as s:
         # SO_REUSEADDR ignores TIME_WAIT leftovers of an earlier job but still refuses
         # a port that another process is listening on.

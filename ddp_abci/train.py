@@ -35,7 +35,8 @@ def build_parser():  # -> argparse.ArgumentParser
     p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on with CUDA only")
     p.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=d.persistent_workers)
-    p.add_argument("--max-steps", type=int, default=d.max_steps, help="stop after N optimizer steps in all; 0: no limit")
+    p.add_argument("--max-steps", type=int, default=d.max_steps,
+                   help="stop after N optimizer steps in all; 0: no limit")
     p.add_argument("--ckpt-dir", default=d.ckpt_dir, help="write DIR/last.pt after every epoch and at the end")
     p.add_argument("--resume", action="store_true", help="continue from --ckpt-dir's last.pt")
     p.add_argument("--timeout", type=float, default=d.timeout_s, dest="timeout_s",
@@ -49,7 +50,8 @@ def build_parser():  # -> argparse.ArgumentParser
                    help="seconds between progress lines inside an epoch")
     p.add_argument("--summary-json", default=None, help="rank 0 writes the run's figures here")
     p.add_argument("--fused-adam", action=argparse.BooleanOptionalAction, default=d.fused_adam,
-                   help="Adam's fused kernel (faster); --no-fused-adam: torch's default loop, as the seed and Accelerate")
+                   help="Adam's fused kernel (faster); --no-fused-adam: torch's default loop, as the seed and "
+                        "Accelerate")
     p.add_argument("--save-model", default=None, help="rank 0 writes the trained model's state_dict here at the end")
     p.add_argument("--comm", default=d.comm,
                    help="gradient all-reduce: auto (NCCL on GPUs, MPI on the CPU under mpirun, else gloo), mpi, gloo")
@@ -57,9 +59,11 @@ def build_parser():  # -> argparse.ArgumentParser
     p.add_argument("--dim-hidden", type=int, default=d.dim_hidden)
     p.add_argument("--num-items", type=int, default=d.num_items)
     extra = p.add_argument_group("Accelerate's everyday features, in raw form (all off by default)")
-    extra.add_argument("--accum", type=int, default=d.accum, help="micro-batches per optimizer step (no_sync on all but the last)")
+    extra.add_argument("--accum", type=int, default=d.accum,
+                       help="micro-batches per optimizer step (no_sync on all but the last)")
     extra.add_argument("--loss", default=d.loss, help="rmse (the seed's) or mse")
-    extra.add_argument("--clip-norm", type=float, default=d.clip_norm, help="clip the gradient norm (unscaled first under fp16)")
+    extra.add_argument("--clip-norm", type=float, default=d.clip_norm,
+                       help="clip the gradient norm (unscaled first under fp16)")
     extra.add_argument("--eval-every", type=int, default=d.eval_every,
                        help="evaluate the last 10%% of the items (then held out of training) every E epochs")
     extra.add_argument("--warmup-steps", type=int, default=d.warmup_steps)

@@ -16,7 +16,6 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from . import checkpoint as ckpt
@@ -30,8 +29,16 @@ from .errors import Diverged, SaveFailed, UsageError
 from .evaluation import MetricFn, evaluate
 from .launch import Launch
 from .metrics import Clock, open_metrics_log, peak_memory_mib, run_summary, write_summary
-from .model import AutoencoderLoss, LossFn, OptimizerFactory, build_model, compile_model, seed_optimizer, unwrap, \
-    wrap_model
+from .model import (
+    AutoencoderLoss,
+    LossFn,
+    OptimizerFactory,
+    build_model,
+    compile_model,
+    seed_optimizer,
+    unwrap,
+    wrap_model,
+)
 from .precision import autocast, make_scaler, resolve_precision
 from .schedule import build_schedule
 from .signals import EXIT_STOPPED, StopRequest, signal_name
@@ -123,7 +130,8 @@ class Trainer:
                                    persistent_workers=config.persistent_workers)
         self.sampler = self.loader.sampler
         self.batches_per_epoch = len(self.sampler)  # micro-batches; --accum of them make a step
-        self.optimizer = (optimizer or seed_optimizer(config.lr, config.betas, config.fused_adam))(self.model.parameters())
+        factory = optimizer or seed_optimizer(config.lr, config.betas, config.fused_adam)
+        self.optimizer = factory(self.model.parameters())
         self.scaler = make_scaler(self.precision, device)
         steps_per_epoch = -(-self.batches_per_epoch // config.accum)
         self.scheduler = build_schedule(self.optimizer, config.schedule, config.warmup_steps,
@@ -172,8 +180,9 @@ class Trainer:
         print_main(self.launch, f"resume: {self.resumed_from} at epoch {self.epoch}, batch {self.batch_in_epoch}, "
                                 f"step {self.step}{note}")
         if self.batch_in_epoch >= self.batches_per_epoch:  # an empty epoch would never end: refuse it
-            raise UsageError(f"resume position batch {self.batch_in_epoch} lies past the epoch's {self.batches_per_epoch} "
-                             "batches; resume with the dataset and --bs the checkpoint was made with")
+            raise UsageError(f"resume position batch {self.batch_in_epoch} lies past the epoch's "
+                             f"{self.batches_per_epoch} batches; resume with the dataset and --bs the checkpoint "
+                             "was made with")
 
     def _save_snapshot(self) -> None:
         """Rank 0 keeps last.pt as prev.pt and writes the new one atomically; the others wait

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Set up .venv and run the test suite. pytest's exit 5 ("no tests collected") fails too.
+# Set up .venv, lint the tree with ruff ([tool.ruff] in pyproject.toml), then run the test
+# suite. pytest's exit 5 ("no tests collected") fails too.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 bash scripts/setup.sh || exit 1
+.venv/bin/ruff check . || { echo "test.sh: ruff found the problems above: fix them first" >&2; exit 1; }
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

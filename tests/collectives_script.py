@@ -1,7 +1,7 @@
 """Run under mpirun -n 2 by test_everyday_api.py: the collectives, checked on real ranks."""
+import sys
 import time
 from pathlib import Path
-import sys
 
 import torch
 

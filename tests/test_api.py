@@ -5,7 +5,8 @@ from helpers import PYTHON, REPO, assert_clean, on_ranks, run
 
 
 def test_importing_the_package_loads_neither_torch_nor_mpi4py():
-    proc = run([PYTHON, "-c", "import sys, ddp_abci; print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))"])
+    code = "import sys, ddp_abci; print(sorted(m for m in ('torch', 'mpi4py') if m in sys.modules))"
+    proc = run([PYTHON, "-c", code])
     assert proc.stdout.strip() == "[]", proc.stdout
 
 

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from helpers import assert_clean, load, run_mpi, train
 from ddp_abci.signals import StopRequest
 from ddp_abci.stopping import FP16_SKIPS, GRAD_NORM, LOSS, OK, StopAgreement
+from helpers import assert_clean, load, run_mpi, train
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
 

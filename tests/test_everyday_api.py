@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from reference import item, reference_run
 
 from helpers import assert_clean, env, load, on_ranks, run, run_mpi, train
-from reference import item, reference_run
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
 

@@ -6,8 +6,18 @@ import time
 
 import pytest
 
-from helpers import (assert_clean, env, load, rank_pids, run_mpi, same_tensors, signal_ranks, start_mpi, train,
-                     wait_for_line)
+from helpers import (
+    assert_clean,
+    env,
+    load,
+    rank_pids,
+    run_mpi,
+    same_tensors,
+    signal_ranks,
+    start_mpi,
+    train,
+    wait_for_line,
+)
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
 
@@ -68,7 +78,8 @@ def test_sigterm_to_every_rank_stops_at_one_step_saves_and_exits_75(tmp_path):
     assert rc == 75, out
     assert took < 10
     state = load(tmp_path / "last.pt")
-    assert f"stopped on SIGTERM at epoch {state['epoch'] + 1} batch {state['batch_in_epoch']} (step {state['step']})" in out
+    where = f"epoch {state['epoch'] + 1} batch {state['batch_in_epoch']} (step {state['step']})"
+    assert f"stopped on SIGTERM at {where}" in out
     assert state["step"] % 4 == 0  # both ranks agreed at a check step
     assert "Traceback" not in out and "terminate called" not in out
     resumed = run_mpi(2, *LONG[:1], str(state["epoch"] + 1), *LONG[2:], "--ckpt-dir", str(tmp_path), "--resume")

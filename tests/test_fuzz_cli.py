@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_clean, train
 from ddp_abci import train as cli
 from ddp_abci.trainer import Trainer
+from helpers import assert_clean, train
 
 EXAMPLES = 100  # about 30 s here; CI's budget for this test is a minute
 # Valid values three times over, so that most generated lines get past the flags and
@@ -59,7 +59,8 @@ def argument(root: Path) -> st.SearchStrategy:
     options += [flag_value("--ckpt-dir", paths(root, "dir"))]
     options += [st.tuples(st.just("--betas"), st.sampled_from(FLOATS), st.sampled_from(FLOATS)).map(list),
                 st.tuples(st.just("--betas"), st.sampled_from(FLOATS)).map(list)]  # one value too few
-    options += [flag_value("--master-addr", st.sampled_from(["127.0.0.1"] * 3 + ["", "256.1.1.1", "no.such.host.invalid"])),
+    addresses = ["127.0.0.1"] * 3 + ["", "256.1.1.1", "no.such.host.invalid"]
+    options += [flag_value("--master-addr", st.sampled_from(addresses)),
                 flag_value("--interface", st.sampled_from(["lo", "nope0", ""])),
                 st.sampled_from([[u] for u in UNKNOWN])]
     return st.one_of(options)

@@ -111,7 +111,8 @@ def _error(proc):
 def test_no_node_file_is_named_before_anything_starts(localhost):
     e = job_env(localhost)
     del e["NODEFILE"]
-    assert "no node file: run inside a job or set NODEFILE" in _error(run(["bash", "scripts/abci/train_abci3.sh"], env=e))
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert "no node file: run inside a job or set NODEFILE" in _error(proc)
 
 
 def test_an_unreadable_node_file_is_named(tmp_path):
@@ -122,12 +123,14 @@ def test_an_unreadable_node_file_is_named(tmp_path):
 
 def test_a_missing_container_image_is_named(localhost):
     e = job_env(localhost, CONTAINER="/nonexistent/ddp_abci.sif")
-    assert "container image /nonexistent/ddp_abci.sif not found" in _error(run(["bash", "scripts/abci/train_abci2.sh"], env=e))
+    proc = run(["bash", "scripts/abci/train_abci2.sh"], env=e)
+    assert "container image /nonexistent/ddp_abci.sif not found" in _error(proc)
 
 
 def test_a_bad_ranks_per_node_is_named(localhost):
     e = job_env(localhost, NPROC_PER_NODE="eight")
-    assert "NPROC_PER_NODE=eight is not a positive integer" in _error(run(["bash", "scripts/abci/train_abci3.sh"], env=e))
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert "NPROC_PER_NODE=eight is not a positive integer" in _error(proc)
 
 
 def test_submitting_without_a_group_is_refused():

@@ -45,8 +45,9 @@ def test_a_resume_that_would_not_be_exact_is_refused_naming_the_saved_value(tmp_
 
 
 def test_a_loop_whose_resume_position_lies_past_the_epoch_is_an_error_not_a_spin(tmp_path):
-    from ddp_abci.data import ShardBatchSampler  # noqa: F401  (the sampler the check protects)
     import torch
+
+    from ddp_abci.data import ShardBatchSampler  # noqa: F401  (the sampler the check protects)
 
     assert_clean(train(*SMALL, "--epochs", "1", "--max-steps", "6", "--ckpt-dir", str(tmp_path)))
     state = load(tmp_path / "last.pt")

@@ -3,10 +3,17 @@ import re
 
 import pytest
 import torch
-
-from helpers import (assert_clean, assert_no_thread_outlives_the_process_group, load, on_ranks, run, run_mpi,
-                     same_tensors)
 from reference import reference_run
+
+from helpers import (
+    assert_clean,
+    assert_no_thread_outlives_the_process_group,
+    load,
+    on_ranks,
+    run,
+    run_mpi,
+    same_tensors,
+)
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
 

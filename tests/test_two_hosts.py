@@ -128,7 +128,8 @@ def test_a_named_interface_gives_rank_0s_address(hosts):
 def test_a_master_address_host_b_cannot_reach_fails_within_the_timeout_naming_it(hosts):
     proc = hosts.mpirun("--epochs", "1", "--timeout", "5", mpi_extra=["-x", f"MASTER_ADDR={UNREACHABLE}"])
     assert proc.returncode != 0
-    assert re.search(rf"rank 1 could not meet the others at {re.escape(UNREACHABLE)}:\d+ within 5s", proc.stdout), proc.stdout
+    pattern = rf"rank 1 could not meet the others at {re.escape(UNREACHABLE)}:\d+ within 5s"
+    assert re.search(pattern, proc.stdout), proc.stdout
 
 
 def test_the_abci3_job_script_trains_across_both_hosts(hosts, tmp_path):

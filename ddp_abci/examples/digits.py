@@ -25,7 +25,8 @@ def load_digits_split(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
     except ImportError:
-        raise SystemExit("error: this example needs scikit-learn; install it with pip install 'ddp_abci[examples]'")
+        raise SystemExit("error: this example needs scikit-learn; install it with pip install 'ddp_abci[examples]'") \
+            from None
     digits = load_digits()
     x = torch.tensor(digits.data / 16.0, dtype=torch.float32)  # pixels 0..16 -> 0..1
     y = torch.tensor(digits.target, dtype=torch.long)
