@@ -26,8 +26,6 @@ from pathlib import Path
 
 from .rendezvous import free_port
 
-ACCELERATE_WRAPPER = Path(__file__).resolve().parents[1] / "scripts" / "accelerate_env.sh"
-
 
 def mpirun_prefix(args: argparse.Namespace, ranks: int) -> list[str]:
     return [args.mpirun, "-n", str(ranks), "--oversubscribe", *args.mpirun_args]
@@ -44,7 +42,7 @@ def side_command(side: str, args: argparse.Namespace, summary: Path) -> list[str
     # Accelerate reads the rendezvous from the environment (env://), as in the seed's job script.
     port = free_port(args.master_addr)
     mpirun += ["-x", f"MASTER_ADDR={args.master_addr}", "-x", f"MASTER_PORT={port}"]
-    wrapper = ["bash", str(ACCELERATE_WRAPPER)] if ACCELERATE_WRAPPER.exists() else []
+    wrapper = [sys.executable, "-m", "ddp_abci.accelerate_env"]  # torchrun's variables from Open MPI's
     amp = "no" if args.amp == "auto" else args.amp
     common[common.index("--amp") + 1] = amp
     return [*mpirun, *wrapper, sys.executable, "-m", "ddp_abci.accelerate_variant", *common]

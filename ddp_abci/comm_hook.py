@@ -11,16 +11,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .config import COMM_CHOICES, check_choice
 from .errors import UsageError
 from .launch import Launch
-
-COMM_CHOICES = ("auto", "mpi", "gloo", "nccl")
 
 
 def resolve_comm(comm: str, launch: Launch, device: torch.device) -> str:
     """auto: NCCL on GPUs; MPI on the CPU when mpirun started the job (mpi4py is there); else gloo."""
-    if comm not in COMM_CHOICES:
-        raise UsageError(f"unknown --comm {comm!r}; use one of {', '.join(COMM_CHOICES)}")
+    check_choice("--comm", comm, COMM_CHOICES)
     if comm == "auto":
         if device.type == "cuda":
             return "nccl"

@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass
 from .errors import UsageError
 
 # The choices live here, where the command line checks them before torch loads;
-# precision.py and schedule.py take theirs from here.
+# precision.py, schedule.py and comm_hook.py check theirs with check_choice, from here.
 AMP_CHOICES = ("auto", "no", "fp16", "bf16")
+COMM_CHOICES = ("auto", "mpi", "gloo", "nccl")
 LOSS_CHOICES = ("rmse", "mse")
 SCHEDULE_CHOICES = ("constant", "cosine")
 SPLIT_CHOICES = ("strided", "contiguous")
@@ -56,16 +57,12 @@ class TrainConfig:
             _check_range(flag, value, low, high)
         if self.lr == 0:
             raise UsageError("--lr must be positive, got 0")
-        if self.amp not in AMP_CHOICES:
-            raise UsageError(f"unknown precision {self.amp!r}; use --amp one of {', '.join(AMP_CHOICES)}")
-        if self.loss not in LOSS_CHOICES:
-            raise UsageError(f"unknown --loss {self.loss!r}; use {' or '.join(LOSS_CHOICES)}")
-        if self.schedule not in SCHEDULE_CHOICES:
-            raise UsageError(f"unknown --schedule {self.schedule!r}; use {' or '.join(SCHEDULE_CHOICES)}")
+        for flag, value, choices in (("--amp", self.amp, AMP_CHOICES), ("--loss", self.loss, LOSS_CHOICES),
+                                     ("--schedule", self.schedule, SCHEDULE_CHOICES),
+                                     ("--comm", self.comm, COMM_CHOICES), ("--split", self.split, SPLIT_CHOICES)):
+            check_choice(flag, value, choices)
         if self.eval_every and self.eval_items < 1:
             raise UsageError(f"--num-items {self.num_items} leaves no held-out items for --eval-every")
-        if self.split not in SPLIT_CHOICES:
-            raise UsageError(f"unknown --split {self.split!r}; use {' or '.join(SPLIT_CHOICES)}")
         if self.resume and not self.ckpt_dir:
             raise UsageError("--resume needs --ckpt-dir DIR (the folder holding last.pt)")
         for flag, path in (("--ckpt-dir", self.ckpt_dir), ("--metrics-jsonl", self.metrics_jsonl),
@@ -81,6 +78,12 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """Plain types only, so the checkpoint still loads with weights_only=True."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    """The one check of every named choice: a UsageError listing them."""
+    if value not in choices:
+        raise UsageError(f"unknown {flag} {value!r}; use {flag} one of {', '.join(choices)}")
 
 
 # A stop signal is acted on at the next check: at most this many steps, i.e. seconds even

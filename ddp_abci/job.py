@@ -46,22 +46,17 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, **parts
     import torch.distributed as dist
 
     from .collectives import print_main
-    from .comm_hook import resolve_comm
-    from .data import per_rank_batch
     from .launch import discover_launch
-    from .precision import resolve_precision
+    from .plan import plan_run
     from .process_group import choose_device, distributed
     from .trainer import Trainer
 
     launch = discover_launch(**launch_options)
-    per_rank_batch(config.global_batch, launch.world_size)
-    device = choose_device(launch)
-    resolve_precision(config.amp, device)
-    comm = resolve_comm(config.comm, launch, device)
+    plan = plan_run(config, launch, choose_device(launch))  # every choice checked before the group opens
     with distributed(launch, timeout_s=config.timeout_s) as device:
         print_main(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
-                           f"backend {dist.get_backend()}, gradients via {comm}, device {device}, "
+                           f"backend {dist.get_backend()}, gradients via {plan.comm}, device {device}, "
                            f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
         # The Trainer holds DDP, which holds the group: `with` frees it before the group closes.
-        with Trainer(config, launch, device, **parts) as trainer:
+        with Trainer(config, launch, device, plan=plan, **parts) as trainer:
             return trainer.run(stop)

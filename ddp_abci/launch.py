@@ -188,7 +188,7 @@ def _from_env(source: str, ranks, env: Mapping[str, str], addr: str | None, port
             )
         addr = rendezvous.interface_address(interface) if interface else "127.0.0.1"
     if not port:
-        port = _port_from_job_id(env)
+        port = port_from_job_id(env)
     if not port:
         raise LaunchError(
             f"{world} ranks started by {source} and no mpi4py to agree on a port: "
@@ -197,7 +197,7 @@ def _from_env(source: str, ranks, env: Mapping[str, str], addr: str | None, port
     return Launch(rank, world, local_rank, local_world, addr, port, source)
 
 
-def _port_from_job_id(env: Mapping[str, str]) -> int | None:
+def port_from_job_id(env: Mapping[str, str]) -> int | None:
     """Jobs sharing a node get different ports: 10000 + job id % 50000 (ids like '1234.pbs1' too)."""
     for var in _JOB_ID_VARS:
         digits = env.get(var, "").split(".")[0].split("[")[0]

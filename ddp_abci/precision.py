@@ -6,6 +6,7 @@ import contextlib
 import torch
 
 from .config import AMP_CHOICES as CHOICES
+from .config import check_choice
 from .errors import UsageError
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -13,8 +14,7 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 def resolve_precision(amp: str, device: torch.device) -> str:
     """'auto' becomes fp16 on CUDA and no on the CPU; combinations that cannot run are refused."""
-    if amp not in CHOICES:
-        raise UsageError(f"unknown precision {amp!r}; use --amp one of {', '.join(CHOICES)}")
+    check_choice("--amp", amp, CHOICES)
     if amp == "auto":
         return "fp16" if device.type == "cuda" else "no"
     if amp == "fp16" and device.type != "cuda":

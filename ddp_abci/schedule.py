@@ -6,6 +6,7 @@ import math
 import torch
 
 from .config import SCHEDULE_CHOICES as SCHEDULES
+from .config import check_choice
 from .errors import UsageError
 
 
@@ -27,8 +28,7 @@ class WarmupThen:
 def build_schedule(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: int,
                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR | None:
     """None when the LR stays constant from the first step: nothing to step, nothing to pay."""
-    if kind not in SCHEDULES:
-        raise UsageError(f"unknown --schedule {kind!r}; use one of {', '.join(SCHEDULES)}")
+    check_choice("--schedule", kind, SCHEDULES)
     if warmup_steps < 0:
         raise UsageError(f"--warmup-steps must be 0 or more, got {warmup_steps}")
     if kind == "constant" and warmup_steps == 0:

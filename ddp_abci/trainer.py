@@ -22,9 +22,9 @@ from . import checkpoint as ckpt
 from . import preflight
 from . import snapshot as snap
 from .collectives import all_ranks, broadcast_error, check_replicas_agree, print_main, reduce, wait_for_everyone
-from .comm_hook import register_mpi_hook, resolve_comm
+from .comm_hook import register_mpi_hook
 from .config import TrainConfig
-from .data import LinspaceDataset, batch_len, build_loader, per_rank_batch, to_device
+from .data import LinspaceDataset, batch_len, build_loader, to_device
 from .errors import Diverged, SaveFailed, UsageError
 from .evaluation import MetricFn, evaluate
 from .launch import Launch
@@ -39,7 +39,8 @@ from .model import (
     unwrap,
     wrap_model,
 )
-from .precision import autocast, make_scaler, resolve_precision
+from .plan import RunPlan, plan_run
+from .precision import autocast, make_scaler
 from .schedule import build_schedule
 from .signals import EXIT_STOPPED, StopRequest, signal_name
 from .stopping import StopAgreement
@@ -79,10 +80,10 @@ class Trainer:
                  model: torch.nn.Module | None = None, train_set: Dataset | None = None,
                  eval_set: Dataset | None = None, loss_fn: LossFn | None = None,
                  optimizer: OptimizerFactory | None = None, metrics: Mapping[str, MetricFn] | None = None,
-                 on_eval: Callable[[dict[str, float]], None] | None = None) -> None:
+                 on_eval: Callable[[dict[str, float]], None] | None = None, plan: RunPlan | None = None) -> None:
         self.config, self.launch, self.device = config, launch, device
-        self.precision = resolve_precision(config.amp, device)
-        self.per_rank_batch = per_rank_batch(config.global_batch, launch.world_size)
+        self.plan = plan or plan_run(config, launch, device)  # fit() passes the one it checked before the group
+        self.precision, self.per_rank_batch, self.comm = self.plan.precision, self.plan.per_rank_batch, self.plan.comm
         self.epoch = 0           # epochs completed, i.e. the epoch in progress (0-based)
         self.batch_in_epoch = 0  # global batches of that epoch already trained
         self.step = 0            # optimizer steps taken (skipped fp16 steps included)
@@ -120,7 +121,6 @@ class Trainer:
         if config.compile:
             model = compile_model(model, device)  # before DDP, so DDP sees the compiled graph
         self.model = wrap_model(model, device, launch.world_size)
-        self.comm = resolve_comm(config.comm, launch, device)
         if launch.world_size > 1 and self.comm == "mpi":
             register_mpi_hook(self.model)
 
