@@ -7,9 +7,11 @@ line can install the handlers before torch loads: a signal during start-up is ke
 from __future__ import annotations
 
 import signal
+import time
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped early with the checkpoint saved; resubmit with --resume
+DEADLINE = 1000   # not a signal: the stop agreement's code for --stop-after (above every signal number)
 
 
 class StopRequest:
@@ -17,6 +19,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.received = 0
+        self.created = time.monotonic()  # --stop-after counts from here: the process's first moments
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopRequest":
@@ -33,4 +36,4 @@ class StopRequest:
 
 
 def signal_name(signum: int) -> str:
-    return signal.Signals(signum).name
+    return "the --stop-after deadline" if signum == DEADLINE else signal.Signals(signum).name

@@ -138,19 +138,42 @@ def test_submitting_without_a_group_is_refused():
     assert "no group given: pass -g GROUP" in _error(proc)
 
 
-def test_the_abci3_submit_line_asks_pbs_for_whole_h200_nodes():
-    proc = run(["bash", "scripts/abci/submit.sh", "abci3", "-g", "gaa12345", "-n", "4", "-t", "02:00:00",
-                "--", "--epochs", "50"], env=env(DRY_RUN="1", CKPT_DIR="/groups/gaa12345/run1"))
+def _submit(tmp_path, *args, **settings):
+    proc = run(["bash", "scripts/abci/submit.sh", *args], env=env(DRY_RUN="1", SUBMIT_DIR=str(tmp_path), **settings))
     assert proc.returncode == 0, proc.stdout
-    line = proc.stdout.strip()
-    assert line.startswith("qsub -P gaa12345 -q rt_HF -l select=4 -l walltime=02:00:00 -v ")
-    assert "TRAIN_ARGS=--epochs\\ 50\\,CKPT_DIR=/groups/gaa12345/run1" in line
-    assert line.endswith("scripts/abci/train_abci3.sh")
+    line = proc.stdout.splitlines()[0]
+    envfile = Path(re.search(r"DDP_ABCI_ENV=(\S+)", line)[1])
+    return line, envfile
 
 
-def test_the_abci2_submit_line_uses_grid_engine_resource_types():
-    proc = run(["bash", "scripts/abci/submit.sh", "abci2", "-g", "gaa12345", "-n", "2"], env=env(DRY_RUN="1"))
-    assert re.match(r"qsub -g gaa12345 -l rt_AF=2 -l h_rt=01:00:00 -v .* scripts/abci/train_abci2.sh", proc.stdout)
+def test_the_abci3_submit_line_asks_pbs_for_whole_h200_nodes(tmp_path):
+    line, envfile = _submit(tmp_path, "abci3", "-g", "gaa12345", "-n", "4", "-t", "02:00:00", "--", "--epochs", "50",
+                            CKPT_DIR="/groups/gaa12345/run1")
+    assert line.startswith("qsub -P gaa12345 -q rt_HF -l select=4 -l walltime=02:00:00 -v DDP_ABCI_ENV=")
+    assert line.rstrip().endswith("scripts/abci/train_abci3.sh")
+    assert "TRAIN_ARGS=--epochs\\ 50" in envfile.read_text() and "CKPT_DIR=/groups/gaa12345/run1" in envfile.read_text()
+
+
+def test_the_abci2_submit_line_asks_for_s_rt_before_h_rt(tmp_path):
+    line, _ = _submit(tmp_path, "abci2", "-g", "gaa12345", "-n", "2")
+    assert re.match(r"qsub -g gaa12345 -l rt_AF=2 -l h_rt=01:00:00 -l s_rt=3420 -v DDP_ABCI_ENV=\S+ "
+                    r"scripts/abci/train_abci2.sh", line), line
+
+
+def test_values_with_commas_reach_the_job_whole(tmp_path, localhost):
+    line, envfile = _submit(tmp_path, "abci3", "-g", "g", "--", "--interface", "ib0,ib1",
+                            BINDS="/data/a,/data/b", CKPT_DIR=str(tmp_path / "run"), CONTAINER=str(tmp_path / "x.sif"))
+    assert "," not in line.split("-v ")[1].split()[0]  # qsub -v would split there
+    (tmp_path / "x.sif").write_text("image")
+    (tmp_path / "tmp").mkdir()
+    job = run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, DRY_RUN="1", DDP_ABCI_ENV=str(envfile),
+                                                                  CONTAINER="", CKPT_DIR="", BINDS="",
+                                                                  TMPDIR=str(tmp_path / "tmp")))
+    assert job.returncode == 0, job.stdout
+    dry = next(x for x in job.stdout.splitlines() if x.startswith("dry run: ")).replace("\\,", ",")  # printf %q
+    assert f"--bind {REPO},{tmp_path / 'run'},{tmp_path / 'tmp'},/data/a,/data/b " in dry, dry
+    assert "--interface ib0,ib1" in dry, dry
+    assert "--env PYTHONNOUSERSITE=1" in dry and (tmp_path / "run").is_dir()  # created before binding
 
 
 def _recipe(parser_name, path):
@@ -239,3 +262,47 @@ def test_the_job_scripts_forward_nccl_torch_and_thread_variables_to_every_rank(l
                 "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
         assert f"-x {var} " in line, line
     assert "--interface lo" in line and "done:" not in proc.stdout  # printed, not run
+
+
+def _dry_run(localhost, tmp_path, **settings) -> str:
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, DRY_RUN="1", **settings))
+    assert proc.returncode == 0, proc.stdout
+    return proc.stdout
+
+
+def _fake(tmp_path, name: str, output: str) -> str:
+    """A stand-in scheduler command on PATH that prints `output`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/sh\ncat <<'OUT'\n{output}\nOUT\n")
+    (bin_dir / name).chmod(0o755)
+    return f"{bin_dir}:{VENV_BIN}:{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize("scheduler, command, output, left", [
+    ({"PBS_JOBID": "1234.pbs1"}, "qstat",
+     "Job Id: 1234.pbs1\n    Resource_List.walltime = 01:00:00\n    resources_used.walltime = 00:10:00", 3000),
+    ({"SLURM_JOB_ID": "1234"}, "squeue", "1-00:00:00", 86400),
+    ({"JOB_ID": "1234"}, "qstat", "job_number:  1234\nhard resource_list:   h_rt=3600,s_rt=3420,rt_AF=2", 3420),
+])
+def test_the_deadline_comes_from_the_schedulers_own_limit(localhost, tmp_path, scheduler, command, output, left):
+    out = _dry_run(localhost, tmp_path, PATH=_fake(tmp_path, command, output), **scheduler)
+    stop = int(re.search(r"--stop-after (\d+)", out)[1])
+    assert left - 120 - 5 <= stop <= left - 120, out  # Grid Engine subtracts the script's seconds so far
+    assert f"{left}s of walltime left" in out or "of walltime left" in out
+
+
+def test_ranks_are_mapped_per_socket_bound_to_their_cores_with_threads_to_match(localhost, tmp_path):
+    out = _dry_run(localhost, tmp_path, NPROC_PER_NODE="8", SOCKETS_PER_NODE="2", CORES_PER_NODE="96")
+    assert "--map-by ppr:4:socket:PE=12 --bind-to core" in out and "-x OMP_NUM_THREADS" in out
+    assert "12 thread(s) per rank" in out
+
+
+def test_container_builds_take_their_scratch_folders_from_build_dir_and_check_mpi4py_mpi():
+    for script in ("scripts/container/build_singularity.sh", "scripts/container/build_docker.sh"):
+        text = (REPO / script).read_text()
+        assert "SINGULARITY_TMPDIR=${SINGULARITY_TMPDIR:-$BUILD_DIR/" in text
+        assert "SINGULARITY_CACHEDIR=${SINGULARITY_CACHEDIR:-$BUILD_DIR/" in text
+        assert "import mpi4py.MPI" in text and "ompi_info --version" in text
+    for recipe in ("scripts/container/Dockerfile", "scripts/container/ddp_abci.def"):
+        assert "import ddp_abci, mpi4py.MPI as M" in (REPO / recipe).read_text()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from helpers import REPO, assert_clean, env, load, run_mpi, start_mpi, train, wait_for_line
+from helpers import REPO, assert_clean, env, load, run_mpi, same_tensors, start_mpi, train, wait_for_line
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")
 
@@ -122,3 +122,18 @@ def test_sigterm_to_a_bare_mpirun_leaves_a_whole_checkpoint(tmp_path):
     assert load(tmp_path / "last.pt")["epoch"] >= 3
     assert_clean(run_mpi(2, "--epochs", "1", "--num-items", "400", "--ckpt-dir", str(tmp_path), "--resume"))
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_stop_after_ends_a_long_run_with_75_inside_its_limit_and_resumes_exactly(tmp_path):
+    long_run = ["--epochs", "200", "--num-items", "400"]
+    started = time.monotonic()
+    proc = run_mpi(2, *long_run, "--ckpt-dir", str(tmp_path / "a"), "--stop-after", "8", timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 75 and "stopped on the --stop-after deadline" in proc.stdout, proc.stdout
+    assert took < 20 and "deadline: --stop-after" in proc.stdout
+    target = load(tmp_path / "a" / "last.pt")["step"] + 12
+    assert_clean(run_mpi(2, *long_run, "--ckpt-dir", str(tmp_path / "a"), "--resume", "--max-steps", str(target)))
+    assert_clean(run_mpi(2, *long_run, "--ckpt-dir", str(tmp_path / "b"), "--max-steps", str(target)))
+    resumed, whole = load(tmp_path / "a" / "last.pt"), load(tmp_path / "b" / "last.pt")
+    assert resumed["step"] == whole["step"] == target
+    assert same_tensors(resumed["model"], whole["model"])

@@ -14,6 +14,16 @@
 #   TRAIN_ARGS      extra trainer arguments (qsub -v TRAIN_ARGS="--epochs 10"); script arguments too
 #   BINDS           extra singularity bind paths, comma separated
 #   DRY_RUN         1: print the mpirun command line (forwarded variables, binds, mapping) and exit 0
+#   STOP_AFTER      seconds for the trainer's --stop-after (default: the scheduler's time left - STOP_MARGIN_S)
+#   STOP_MARGIN_S   kept free before the walltime for start-up and the last save (default 120)
+#   MAP_BY          Open MPI's --map-by (default: ranks shared out per socket, PE cores each, bound)
+#   DDP_ABCI_ENV    a file of settings written by submit.sh (values may hold commas), sourced first
+
+# submit.sh passes its settings in a file: qsub -v would split values at their commas.
+if [ -n "${DDP_ABCI_ENV:-}" ]; then
+    # shellcheck disable=SC1090
+    source "$DDP_ABCI_ENV"
+fi
 
 die() {
     echo "$(basename "$0"): error: $*" >&2
@@ -65,9 +75,21 @@ rank_command() {
         RANK_CMD=("${PYTHON:-python3}")
         return
     fi
-    command -v singularity >/dev/null 2>&1 || die "singularity not found: load its module or set CONTAINER=none"
-    local binds="$REPO${BINDS:+,$BINDS}${CKPT_DIR:+,$(dirname "$(realpath -m "$CKPT_DIR")")}"
-    RANK_CMD=(singularity exec --nv --bind "$binds" --pwd "$REPO" "$CONTAINER" "${PYTHON:-python3}")
+    if [ "${DRY_RUN:-0}" != 1 ]; then
+        command -v singularity >/dev/null 2>&1 || die "singularity not found: load its module or set CONTAINER=none"
+    fi
+    # Singularity refuses to bind a path that does not exist: make a fresh run folder first.
+    # TMPDIR holds Open MPI's session directory, which the ranks inside must see too.
+    local binds=$REPO
+    if [ -n "${CKPT_DIR:-}" ]; then
+        mkdir -p "$CKPT_DIR" || die "cannot create CKPT_DIR=$CKPT_DIR"
+        binds+=",$(realpath "$CKPT_DIR")"
+    fi
+    [ -n "${TMPDIR:-}" ] && [ -d "$TMPDIR" ] && binds+=",$TMPDIR"
+    [ -n "${BINDS:-}" ] && binds+=",$BINDS"
+    # PYTHONNOUSERSITE: a bound ~/.local must not shadow the image's packages.
+    RANK_CMD=(singularity exec --nv --env PYTHONNOUSERSITE=1 --bind "$binds" --pwd "$REPO" "$CONTAINER"
+        "${PYTHON:-python3}")
 }
 
 write_hostfile() {  # one "host slots=N" line per node
@@ -95,6 +117,81 @@ trainer_args() {
     [ -n "${CKPT_DIR:-}" ] && TRAIN+=(--ckpt-dir "$CKPT_DIR" --resume)
     # shellcheck disable=SC2206
     TRAIN+=(${TRAIN_ARGS:-})
+    deadline_args
+}
+
+# "1-02:03:04", "02:03:04", "03:04" or "3600" as seconds.
+to_seconds() {
+    local t=$1 days=0 h=0 m=0 s=0
+    if [[ "$t" == *-* ]]; then days=${t%%-*}; t=${t#*-}; fi
+    IFS=: read -r -a parts <<<"$t"
+    case ${#parts[@]} in
+        3) h=${parts[0]} m=${parts[1]} s=${parts[2]} ;;
+        2) m=${parts[0]} s=${parts[1]} ;;
+        *) s=${parts[0]} ;;
+    esac
+    echo $(( 10#$days * 86400 + 10#$h * 3600 + 10#$m * 60 + 10#${s%%.*} ))
+}
+
+# Seconds left before the scheduler ends the job, from the scheduler itself; empty if unknown.
+#   PBS: qstat -f's Resource_List.walltime minus resources_used.walltime
+#   Grid Engine: qstat -j's s_rt (it sends SIGUSR1 there), else h_rt (SIGKILL, no warning), minus
+#                the time this script has run
+#   Slurm: squeue's %L (time left)
+walltime_left_s() {
+    local info limit used
+    if [ -n "${PBS_JOBID:-}" ] && command -v qstat >/dev/null 2>&1; then
+        info=$(qstat -f "$PBS_JOBID" 2>/dev/null) || return 0
+        limit=$(awk -F' = ' '/Resource_List.walltime/ {print $2; exit}' <<<"$info")
+        used=$(awk -F' = ' '/resources_used.walltime/ {print $2; exit}' <<<"$info")
+        [ -n "$limit" ] && echo $(( $(to_seconds "$limit") - $(to_seconds "${used:-0}") ))
+    elif [ -n "${SLURM_JOB_ID:-}" ] && command -v squeue >/dev/null 2>&1; then
+        limit=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 0
+        [[ "$limit" =~ ^[0-9] ]] && to_seconds "$limit"
+    elif [ -n "${JOB_ID:-}" ] && command -v qstat >/dev/null 2>&1; then
+        info=$(qstat -j "$JOB_ID" 2>/dev/null | grep -m1 'hard resource_list') || return 0
+        limit=$(grep -o 's_rt=[0-9:]*' <<<"$info" | cut -d= -f2)
+        [ -n "$limit" ] || limit=$(grep -o 'h_rt=[0-9:]*' <<<"$info" | cut -d= -f2)
+        [ -n "$limit" ] && echo $(( $(to_seconds "$limit") - SECONDS ))
+    fi
+    return 0
+}
+
+# --stop-after for the trainer: the walltime is the plan, signals are the fallback.
+deadline_args() {
+    local left stop=${STOP_AFTER:-}
+    if [ -z "$stop" ]; then
+        left=$(walltime_left_s)
+        [ -n "$left" ] || return 0
+        stop=$(( left - ${STOP_MARGIN_S:-120} ))
+        if [ "$stop" -lt 60 ]; then
+            echo "job $JOB_NUM: only ${left}s of walltime left; no --stop-after, signals are the only stop" >&2
+            return 0
+        fi
+        echo "job $JOB_NUM: ${left}s of walltime left; the trainer stops, saves and exits 75 within ${stop}s"
+    fi
+    TRAIN+=(--stop-after "$stop")
+}
+
+# MAP: where ranks go. One rank per GPU, shared out over the sockets (ranks 0-3 and 4-7 of
+# an 8-GPU node, whose GPUs hang off sockets 0 and 1: check with nvidia-smi topo -m), each
+# bound to PE cores of its own socket and running that many threads (OMP_NUM_THREADS).
+# Without binding, Open MPI 4.1 binds each rank to a whole socket whichever its GPU.
+placement() {
+    if [ -n "${MAP_BY:-}" ]; then
+        MAP=(--map-by "$MAP_BY")
+        return
+    fi
+    local sockets cores per_socket pe
+    sockets=${SOCKETS_PER_NODE:-$(lscpu -p=SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l)}
+    cores=${CORES_PER_NODE:-$(lscpu -p=CORE 2>/dev/null | grep -v '^#' | sort -u | wc -l)}
+    [ "$sockets" -ge 1 ] || sockets=1
+    if [ $(( PER_NODE % sockets )) -ne 0 ]; then sockets=1; fi
+    per_socket=$(( PER_NODE / sockets ))
+    pe=$(( cores / PER_NODE ))
+    [ "$pe" -ge 1 ] || pe=1
+    MAP=(--map-by "ppr:${per_socket}:socket:PE=${pe}" --bind-to core)
+    [ -n "${OMP_NUM_THREADS:-}" ] || export OMP_NUM_THREADS=$pe
 }
 
 # FORWARD: `-x VAR` for each variable the ranks need from this shell. Open MPI hands ranks
@@ -130,12 +227,14 @@ launch_training() {
     rank_command
     write_hostfile "$per_node"
     trainer_args
+    placement
     forward_env
     # shellcheck disable=SC2206
     local extra_mpi=(${MPI_ARGS:-})
-    local cmd=("${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" --map-by "ppr:${per_node}:node"
+    local cmd=("${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" "${MAP[@]}"
         "${FORWARD[@]}" "${extra_mpi[@]}" "${RANK_CMD[@]}" "${TRAIN[@]}" "$@")
-    echo "job $JOB_NUM: ${#NODES[@]} node(s) x $per_node rank(s) = $np, container ${CONTAINER}"
+    echo "job $JOB_NUM: ${#NODES[@]} node(s) x $per_node rank(s) = $np, container ${CONTAINER}," \
+        "${OMP_NUM_THREADS:-?} thread(s) per rank"
     if [ "${DRY_RUN:-0}" = 1 ]; then
         echo "dry run: $(printf '%q ' "${cmd[@]}")"
         rm -f "$HOSTFILE"
