@@ -49,6 +49,8 @@ class TrainConfig:
     fused_adam: bool = True           # the default optimizer's fused kernel (off: torch's per-tensor loop)
     save_model: str | None = None     # rank 0 writes the trained (unwrapped) state_dict here at the end
     max_skipped_steps: int = 50       # fp16: this many GradScaler skips in a row count as diverged; 0 = never
+    stop_after_s: float = 0.0         # stop, save and exit 75 before this many seconds since start; 0 = never
+    tensorboard: str | None = None    # rank 0 writes TensorBoard events into this folder (the [tensorboard] extra)
 
     def __post_init__(self) -> None:
         if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
@@ -66,7 +68,8 @@ class TrainConfig:
         if self.resume and not self.ckpt_dir:
             raise UsageError("--resume needs --ckpt-dir DIR (the folder holding last.pt)")
         for flag, path in (("--ckpt-dir", self.ckpt_dir), ("--metrics-jsonl", self.metrics_jsonl),
-                           ("--summary-json", self.summary_json), ("--save-model", self.save_model)):
+                           ("--summary-json", self.summary_json), ("--save-model", self.save_model),
+                           ("--tensorboard", self.tensorboard)):
             if path is not None and not str(path).strip():
                 raise UsageError(f"{flag} is an empty path; name a file or folder, or leave the flag out")
 
@@ -102,7 +105,8 @@ def _ranges(c: TrainConfig) -> list[tuple[str, object, float, float]]:
             ("--log-every", c.log_every_s, 1e-3, INF),
             ("--stop-check-every", c.stop_check_every, 1, MAX_STOP_CHECK_EVERY), ("--accum", c.accum, 1, 2**31 - 1),
             ("--clip-norm", c.clip_norm, 0, INF), ("--eval-every", c.eval_every, 0, INF),
-            ("--warmup-steps", c.warmup_steps, 0, INF), ("--max-skipped-steps", c.max_skipped_steps, 0, INF)]
+            ("--warmup-steps", c.warmup_steps, 0, INF), ("--max-skipped-steps", c.max_skipped_steps, 0, INF),
+            ("--stop-after", c.stop_after_s, 0, INF)]
 
 
 def _check_range(flag: str, value: object, low: float, high: float) -> None:

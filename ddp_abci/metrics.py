@@ -22,14 +22,18 @@ class MetricsLog:
         self.last = time.perf_counter()
 
     def step(self, *, step: int, epoch: int, samples: int, loss: float, lr: float, grad_norm: float | None,
-             scale: float | None) -> None:
-        """One optimizer step that trained `samples` items over all ranks."""
+             scale: float | None, start: bool = False) -> float | None:
+        """One optimizer step that trained `samples` items over all ranks; returns its samples/s.
+        `start` marks a run's first step (`"start": true`): a resume point when step > 1."""
         now = time.perf_counter()
-        rate = samples / (now - self.last) if now > self.last else None
+        rate = samples / (now - self.last) if now > self.last and not start else None
         self.last = now
-        self._guard(self.file and self.file.write, json.dumps({
-            "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-            "samples_per_s": rate, "scale": scale}) + "\n")
+        line = {"step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
+                "scale": scale}
+        if start:
+            line["start"] = True
+        self._guard(self.file and self.file.write, json.dumps(line) + "\n")
+        return rate
 
     def flush(self) -> None:
         self._guard(self.file and self.file.flush)
@@ -50,20 +54,6 @@ class MetricsLog:
             with contextlib.suppress(OSError):
                 self.file.close()  # may retry the buffered write and fail again: nothing more to do
             self.file = None
-
-
-def open_metrics_log(path: str | None, launch: Any) -> MetricsLog | None:
-    """Rank 0's log, opened now so that a path it cannot open stops every rank before training."""
-    from .collectives import raise_if_any_rank_failed
-
-    log, error = None, None
-    if path and launch.is_main:
-        try:
-            log = MetricsLog(path)
-        except OSError as e:
-            error = f"--metrics-jsonl {path} cannot be opened ({e.strerror or e}); choose a writable path"
-    raise_if_any_rank_failed(error)
-    return log
 
 
 class Clock:

@@ -17,6 +17,7 @@ from .errors import UsageError
 from .launch import Launch
 from .model import LossFn
 from .precision import autocast
+from .tracking import check_tensorboard_installed
 
 
 def check_files(config: TrainConfig, launch: Launch, ckpt_file: Path | None,
@@ -47,6 +48,10 @@ def check_files(config: TrainConfig, launch: Launch, ckpt_file: Path | None,
 
 
 def _check_outputs(config: TrainConfig) -> None:
+    if config.tensorboard:
+        check_tensorboard_installed()
+        if Path(config.tensorboard).exists() and not Path(config.tensorboard).is_dir():
+            raise UsageError(f"--tensorboard {config.tensorboard} is a file; name a folder")
     for flag, path in (("--metrics-jsonl", config.metrics_jsonl), ("--summary-json", config.summary_json),
                        ("--save-model", config.save_model)):
         error = output_error(flag, path) if path else None

@@ -44,6 +44,9 @@ def build_parser():  # -> argparse.ArgumentParser
     p.add_argument("--stop-check-every", type=int, default=d.stop_check_every,
                    help=f"steps between the ranks' agreement on SIGTERM/SIGUSR1 and divergence (at most "
                         f"{MAX_STOP_CHECK_EVERY}: a stop is acted on within that many steps, and at every epoch's end)")
+    p.add_argument("--stop-after", type=float, default=d.stop_after_s, dest="stop_after_s", metavar="SECONDS",
+                   help="stop, save and exit 75 early enough that the save ends within SECONDS of the start "
+                        "(the job scripts derive it from the scheduler's walltime); 0: never")
     p.add_argument("--max-skipped-steps", type=int, default=d.max_skipped_steps,
                    help="fp16: this many GradScaler-skipped steps in a row end the run as diverged (exit 65); 0: never")
     p.add_argument("--log-every", type=float, default=d.log_every_s, dest="log_every_s",
@@ -69,6 +72,8 @@ def build_parser():  # -> argparse.ArgumentParser
     extra.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     extra.add_argument("--schedule", default=d.schedule, help="constant or cosine, after the warm-up")
     extra.add_argument("--metrics-jsonl", default=None, help="rank 0 appends one JSON line per optimizer step")
+    extra.add_argument("--tensorboard", default=None, metavar="DIR",
+                       help="rank 0 writes TensorBoard events to DIR (pip install 'ddp_abci[tensorboard]')")
     extra.add_argument("--compile", action="store_true", help="torch.compile the model before DDP")
     extra.add_argument("--split", default=d.split, choices=SPLIT_CHOICES,
                        help="how each global batch is shared out: strided (DistributedSampler's every W-th "
@@ -93,7 +98,7 @@ def config_from_args(args):  # (argparse.Namespace) -> TrainConfig
         comm=args.comm, accum=args.accum, loss=args.loss, clip_norm=args.clip_norm, eval_every=args.eval_every,
         warmup_steps=args.warmup_steps, schedule=args.schedule, metrics_jsonl=args.metrics_jsonl, compile=args.compile,
         split=args.split, save_model=args.save_model, fused_adam=args.fused_adam,
-        max_skipped_steps=args.max_skipped_steps,
+        max_skipped_steps=args.max_skipped_steps, stop_after_s=args.stop_after_s, tensorboard=args.tensorboard,
     )
 
 

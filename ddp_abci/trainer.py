@@ -28,7 +28,7 @@ from .data import LinspaceDataset, batch_len, build_loader, to_device
 from .errors import Diverged, SaveFailed, UsageError
 from .evaluation import MetricFn, evaluate
 from .launch import Launch
-from .metrics import Clock, open_metrics_log, peak_memory_mib, run_summary, write_summary
+from .metrics import Clock, peak_memory_mib, run_summary, write_summary
 from .model import (
     AutoencoderLoss,
     LossFn,
@@ -44,6 +44,7 @@ from .precision import autocast, make_scaler
 from .schedule import build_schedule
 from .signals import EXIT_STOPPED, StopRequest, signal_name
 from .stopping import StopAgreement
+from .tracking import RunTrackers
 
 
 class StepResult(NamedTuple):
@@ -96,7 +97,7 @@ class Trainer:
         self.eval_metrics = dict(metrics) if metrics is not None else _default_metrics(self.loss_fn)
         self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
 
-        self.model = self.optimizer = self.scheduler = self.loader = self.sampler = self.metrics = None
+        self.model = self.optimizer = self.scheduler = self.loader = self.sampler = self.trackers = None
         try:
             self._build(model, optimizer)
         except BaseException:
@@ -134,11 +135,11 @@ class Trainer:
         self.optimizer = factory(self.model.parameters())
         self.scaler = make_scaler(self.precision, device)
         steps_per_epoch = -(-self.batches_per_epoch // config.accum)
-        self.scheduler = build_schedule(self.optimizer, config.schedule, config.warmup_steps,
-                                        config.max_steps or config.epochs * steps_per_epoch)
-        self.metrics = open_metrics_log(config.metrics_jsonl, launch)
+        self.total_steps = config.max_steps or config.epochs * steps_per_epoch
+        self.scheduler = build_schedule(self.optimizer, config.schedule, config.warmup_steps, self.total_steps)
         if snapshot is not None:
             self._load_snapshot(snapshot)
+        self.trackers = RunTrackers(config, launch, self.step, self.total_steps)
 
     # -- life cycle: `with Trainer(...) as trainer:` frees what holds the process group ------
 
@@ -152,9 +153,8 @@ class Trainer:
         """Release DDP, its hooks and the optimizer, so that the process group can really be
         freed when it is closed: gloo joins its worker threads only when the last reference
         goes (see process_group.close_process_group). Safe to call twice."""
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
+        if self.trackers is not None:
+            self.trackers.close()
         self.model = self.optimizer = self.scheduler = self.loader = self.sampler = None
         gc.collect()  # DDP's reducer sits in reference cycles
 
@@ -189,6 +189,7 @@ class Trainer:
         for its verdict, so that a failed write stops every rank at this step, together."""
         if self.ckpt_file is None:
             return
+        began = time.monotonic()
         rng_per_rank = all_ranks(ckpt.rng_state())  # every rank's generators, for an exact resume
         error = None
         if self.launch.is_main:
@@ -200,6 +201,11 @@ class Trainer:
             except Exception as e:  # disk full, quota, folder gone or read-only: all one line
                 error = ckpt.save_failure(e, self.ckpt_file) + f" (step {self.step})"
         broadcast_error(self.launch, error, SaveFailed)
+        self.agreement.saved(time.monotonic() - began)  # the --stop-after reserve grows with it
+
+    def _expected_save_s(self) -> float:
+        """Before the first save, its time at a modest 100 MB/s (a busy shared file system)."""
+        return ckpt.estimated_bytes(unwrap(self.model)) / 100e6 if self.ckpt_file else 0.0
 
     # -- one step ----------------------------------------------------------------------
 
@@ -268,8 +274,12 @@ class Trainer:
         fp16 = self.precision == "fp16"  # there GradScaler skips inf/nan steps by design: count them instead
         self.agreement = StopAgreement(stop or StopRequest(), cfg.stop_check_every, self.comm, self.device,
                                        launch.world_size, guard_finite=not fp16,
-                                       max_fp16_skips=cfg.max_skipped_steps if fp16 else 0)
+                                       max_fp16_skips=cfg.max_skipped_steps if fp16 else 0,
+                                       stop_after_s=cfg.stop_after_s, expected_save_s=self._expected_save_s())
         self.agreement.checked_step = self.step
+        if self.agreement.deadline is not None:
+            print_main(launch, self.agreement.deadline_line())
+        self.trackers.start(cfg.log_every_s, self.step, self.agreement.deadline)
         while not self._finished() and not stopped_by:
             self.sampler.start_epoch(self.epoch, skip_batches=self.batch_in_epoch)
             last_loss, stopped_by = self._run_epoch()
@@ -282,9 +292,7 @@ class Trainer:
             self._save_snapshot()  # stopped mid-epoch, by a signal or --max-steps
             if self.eval_every and self._finished():
                 self._evaluate()  # a run that ends on --max-steps is evaluated at its end
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
+        self.trackers.close()
         check_replicas_agree(self.model, launch)
         self._write_summary(last_loss, stopped_by)
         if self._finished():
@@ -322,6 +330,7 @@ class Trainer:
         figures = ", ".join(f"{name} {value:.4f}" for name, value in results.items())
         print_main(self.launch, f"eval after epoch {self.epoch} (step {self.step}): {figures} "
                                 f"over {count} held-out items")
+        self.trackers.scalars(self.step, {f"eval/{name}": value for name, value in results.items()})
         if self.on_eval is not None and self.launch.is_main:
             self.on_eval(dict(results, epoch=self.epoch, step=self.step))
 
@@ -336,7 +345,8 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         steps = samples = skipped = stopped_by = 0
         norms: list[float] = []
-        started = last_log = time.perf_counter()
+        started = time.perf_counter()
+        self.trackers.epoch_started(self.step)
         for group in self._micro_batch_groups():
             result = self.train_step(group)
             loss_sum += result.loss
@@ -346,12 +356,12 @@ class Trainer:
             self.batch_in_epoch, self.step = self.batch_in_epoch + len(group), self.step + 1
             now = time.perf_counter()
             self.clock.step_done(now, result.samples)
-            if self.metrics is not None:
-                self._log_metrics(result)
-            if self.launch.is_main and now - last_log >= self.config.log_every_s:
-                last_log = now
-                print(f"  epoch {self.epoch + 1} [{self.batch_in_epoch}/{self.batches_per_epoch}] "
-                      f"rank-0 loss {result.loss.item():.4f}", flush=True)
+            self.trackers.step(self.step, self.epoch, result.samples, result.loss,
+                               self.optimizer.param_groups[0]["lr"], result.grad_norm,
+                               self.scaler.get_scale() if self.scaler.is_enabled() else None)
+            self.trackers.progress(now, self.step, f"epoch {self.epoch + 1}/{self.config.epochs} "
+                                   f"[{self.batch_in_epoch}/{self.batches_per_epoch}]", loss_sum,
+                                   self.clock.samples_per_s())
             self.agreement.watch(result.grad_norm, result.skipped)
             # Agree at every check step and always before a save (epoch end, run end), so that
             # a diverged state is never written over the last good checkpoint.
@@ -364,14 +374,9 @@ class Trainer:
                 stopped_by = verdict.signal
             if stopped_by or self._finished():
                 break
-        if self.metrics is not None:
-            self.metrics.flush()
-        return self._epoch_report(loss_sum, steps, samples, skipped, norms, time.perf_counter() - started), stopped_by
-
-    def _log_metrics(self, result: StepResult) -> None:
-        self.metrics.step(step=self.step, epoch=self.epoch, samples=result.samples, loss=result.loss.item(),
-                          lr=self.optimizer.param_groups[0]["lr"], grad_norm=result.grad_norm,
-                          scale=self.scaler.get_scale() if self.scaler.is_enabled() else None)
+        mean = self._epoch_report(loss_sum, steps, samples, skipped, norms, time.perf_counter() - started)
+        self.trackers.scalars(self.step, {"epoch_loss": mean})
+        return mean, stopped_by
 
     def _divergence(self, verdict_kind: int, since_step: int, last_loss: float) -> Diverged:
         kept = (f"{self.ckpt_file} from before it was kept, the diverged state was not saved" if self.ckpt_file
