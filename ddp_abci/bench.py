@@ -59,7 +59,26 @@ def run_side(side: str, args: argparse.Namespace, workdir: Path, round_: int) ->
         return {"side": side, "failed": True, "rc": proc.returncode, "tail": tail}
     result = json.loads(summary.read_text())
     result.update(side=side, wall_s=wall, first_step_s=result["first_step_unix"] - started)
+    if result.get("startup_unix"):
+        result["startup"] = startup_phases(result["startup_unix"], started, result["first_step_unix"])
     return result
+
+
+PHASES = (("to the interpreter", None, "process_unix"), ("imports", "process_unix", "imports_unix"),
+          ("MPI_Init", "imports_unix", "launch_unix"), ("rendezvous and group", "launch_unix", "group_unix"),
+          ("preflight, model, DDP", "group_unix", "ddp_unix"), ("first step", "ddp_unix", None))
+
+
+def startup_phases(marks: dict, started: float, first_step: float) -> dict:
+    """Seconds of each start-up phase, from mpirun's start to the end of the first step."""
+    marks = dict(marks, first_step_unix=first_step)
+    out = {}
+    for name, begin, end in PHASES:
+        a = started if begin is None else marks.get(begin)
+        b = marks.get(end or "first_step_unix")
+        if a is not None and b is not None:
+            out[name] = b - a
+    return out
 
 
 def probe(cmd: list[str], timeout: float) -> dict:
@@ -77,6 +96,8 @@ def summarise(runs: list[dict]) -> dict:
         "rounds": len(ok), "rounds_failed": len(runs) - len(ok),
         "samples_per_s": statistics.median(rates), "samples_per_s_min": min(rates), "samples_per_s_max": max(rates),
         "first_step_s": statistics.median(r["first_step_s"] for r in ok),
+        "startup": {name: statistics.median(r["startup"][name] for r in ok if name in r.get("startup", {}))
+                    for name in ok[0].get("startup", {})},
         "wall_s": statistics.median(r["wall_s"] for r in ok),
         "peak_mem_mib_per_rank": max(max(r["peak_mem_mib_per_rank"]) for r in ok),
         "final_loss": ok[-1]["final_loss"], "world_size": ok[-1]["world_size"],
@@ -124,6 +145,10 @@ def format_table(report: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     for name, value in report["ratios"].items():
         lines.append(f"{name}: {value:.2f}" if value is not None else f"{name}: n/a (a side failed)")
+    for side, s in report["sides"].items():
+        if s.get("startup"):
+            phases = ", ".join(f"{k} {v:.2f}s" for k, v in s["startup"].items())
+            lines.append(f"start-up of {side} (medians): {phases}")
     probes = report["probes"]
     if "floor" in probes and not probes["floor"].get("failed"):
         lines.append(f"compute floor: {probes['floor']['samples_per_s']:,.0f} samples/s "
@@ -207,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
     p.add_argument("--out", default="bench-results/bench.json")
     p.add_argument("--png", default=None, help="chart path (default: next to --out; needs matplotlib)")
+    p.add_argument("--sweep", default="", metavar="B1,B2,...",
+                   help="also run raw on 1 rank, raw and Accelerate on --world-size ranks at each global batch, "
+                        "with the floors (JSON key sweep, chart *-sweep.png)")
     return p
 
 
@@ -248,6 +276,16 @@ def main(argv: list[str] | None = None) -> int:
     report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "png")},
               "environment": environment(args.mpirun), "sides": summary, "ratios": ratios(summary),
               "probes": probes, "runs": runs}
+    if args.sweep:
+        from .bench_sweep import crossover, run_sweep, save_sweep_chart
+
+        report["sweep"] = run_sweep(args, run_side, summarise, probe, mpirun_prefix)
+        report["sweep_crossover_global_batch"] = crossover(report["sweep"])
+        sweep_png = out.with_name(out.stem + "-sweep.png")
+        if save_sweep_chart(report["sweep"], sweep_png, f"{args.world_size} ranks vs 1, {args.amp}, "
+                                                        f"{report['environment']['date']}"):
+            print(f"sweep chart: {sweep_png}; {args.world_size} ranks overtake 1 rank from global batch "
+                  f"{report['sweep_crossover_global_batch']}")
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(format_table(report))
     print(f"environment: {json.dumps(report['environment'])}")

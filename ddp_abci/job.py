@@ -8,6 +8,7 @@ The command line (`python -m ddp_abci.train`) is this same call with the seed's 
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Callable, Mapping
 
 from .cli import report
@@ -51,12 +52,15 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, **parts
     from .process_group import choose_device, distributed
     from .trainer import Trainer
 
-    launch = discover_launch(**launch_options)
+    startup = {"process_unix": stop.created_unix, "imports_unix": time.time()}
+    launch = discover_launch(**launch_options)  # MPI_Init happens here, under mpirun
+    startup["launch_unix"] = time.time()
     plan = plan_run(config, launch, choose_device(launch))  # every choice checked before the group opens
     with distributed(launch, timeout_s=config.timeout_s) as device:
+        startup["group_unix"] = time.time()
         print_main(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
                            f"backend {dist.get_backend()}, gradients via {plan.comm}, device {device}, "
                            f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
         # The Trainer holds DDP, which holds the group: `with` frees it before the group closes.
-        with Trainer(config, launch, device, plan=plan, **parts) as trainer:
+        with Trainer(config, launch, device, plan=plan, startup=startup, **parts) as trainer:
             return trainer.run(stop)

@@ -60,8 +60,11 @@ class Clock:
     """Throughput over the timed loop: from the end of the first step, so that start-up and
     warm-up are excluded; the wall-clock time of that first step is kept for the benchmark."""
 
-    def __init__(self) -> None:
+    def __init__(self, startup: dict[str, float] | None = None) -> None:
         self.start_unix = time.time()
+        # Start-up milestones (unix times: process start, imports, launch, group, DDP), so the
+        # benchmark can show where the time to the first step goes.
+        self.startup = dict(startup or {})
         self.first_step_unix: float | None = None
         self._t0 = 0.0
         self.samples = 0
@@ -99,7 +102,7 @@ def run_summary(world_size: int, global_batch: int, precision: str, steps: int, 
         "side": "raw", "world_size": world_size, "global_batch": global_batch,
         "precision": precision, "steps": steps, "final_loss": final_loss,
         "samples_per_s": clock.samples_per_s(),
-        "start_unix": clock.start_unix, "first_step_unix": clock.first_step_unix,
+        "start_unix": clock.start_unix, "first_step_unix": clock.first_step_unix, "startup_unix": clock.startup,
         "peak_mem_mib_per_rank": peaks, "memory_kind": memory_kind, "stopped_by": stopped_by,
         "device": str(device), "torch": torch.__version__, "python": sys.version.split()[0],
     }

@@ -20,6 +20,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.received = 0
         self.created = time.monotonic()  # --stop-after counts from here: the process's first moments
+        self.created_unix = time.time()
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> "StopRequest":

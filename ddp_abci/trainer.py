@@ -81,14 +81,15 @@ class Trainer:
                  model: torch.nn.Module | None = None, train_set: Dataset | None = None,
                  eval_set: Dataset | None = None, loss_fn: LossFn | None = None,
                  optimizer: OptimizerFactory | None = None, metrics: Mapping[str, MetricFn] | None = None,
-                 on_eval: Callable[[dict[str, float]], None] | None = None, plan: RunPlan | None = None) -> None:
+                 on_eval: Callable[[dict[str, float]], None] | None = None, plan: RunPlan | None = None,
+                 startup: dict[str, float] | None = None) -> None:
         self.config, self.launch, self.device = config, launch, device
         self.plan = plan or plan_run(config, launch, device)  # fit() passes the one it checked before the group
         self.precision, self.per_rank_batch, self.comm = self.plan.precision, self.plan.per_rank_batch, self.plan.comm
         self.epoch = 0           # epochs completed, i.e. the epoch in progress (0-based)
         self.batch_in_epoch = 0  # global batches of that epoch already trained
         self.step = 0            # optimizer steps taken (skipped fp16 steps included)
-        self.clock = Clock()
+        self.clock = Clock(startup)
         if train_set is None:
             train_set, default_eval = seed_datasets(config)
             eval_set = default_eval if eval_set is None else eval_set
@@ -122,6 +123,7 @@ class Trainer:
         if config.compile:
             model = compile_model(model, device)  # before DDP, so DDP sees the compiled graph
         self.model = wrap_model(model, device, launch.world_size)
+        self.clock.startup["ddp_unix"] = time.time()
         if launch.world_size > 1 and self.comm == "mpi":
             register_mpi_hook(self.model)
 

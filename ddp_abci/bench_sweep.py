@@ -1,0 +1,85 @@
+"""Where data parallelism pays: `python -m ddp_abci.bench --sweep 50,200,800`.
+
+At each global batch: raw on 1 rank, raw on W ranks and Accelerate on W ranks (fresh mpiruns,
+alternating, as the main benchmark), and the floors measured at that batch: one process
+computing the whole batch, and W ranks in lockstep (compute plus one MPI all-reduce a step).
+Written under the JSON key `sweep` (one entry per batch, `global_batch` and `sides` shaped
+like the top-level `sides`), and drawn as samples/s against the global batch.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+SWEEP_SIDES = ("raw1", "raw", "accelerate")
+
+
+def run_sweep(args: argparse.Namespace, run_side, summarise, probe, mpirun_prefix) -> list[dict]:
+    """One entry per global batch; the callables are bench.py's, shared with the main benchmark."""
+    entries = []
+    for batch in (int(b) for b in args.sweep.split(",") if b):
+        at = copy.copy(args)
+        at.bs = batch
+        runs: dict[str, list[dict]] = {s: [] for s in SWEEP_SIDES}
+        with tempfile.TemporaryDirectory() as tmp:
+            for round_ in range(args.rounds):
+                for side in SWEEP_SIDES if round_ % 2 == 0 else reversed(SWEEP_SIDES):
+                    runs[side].append(run_side(side, at, Path(tmp), round_))
+        sides = {side: summarise(r) for side, r in runs.items()}
+        floors = _floors(at, probe, mpirun_prefix)
+        entries.append({"global_batch": batch, "sides": sides, "floors": floors})
+        shown = ", ".join(f"{s} {v['samples_per_s']:,.0f}" for s, v in sides.items() if not v.get("failed"))
+        print(f"sweep global batch {batch}: {shown} samples/s; floors {floors}", flush=True)
+    return entries
+
+
+def _floors(args: argparse.Namespace, probe, mpirun_prefix) -> dict:
+    local = [sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--amp", args.amp]
+    threads = str(max(1, (os.cpu_count() or 1) // args.world_size))
+    one = probe([*local, "--bs", str(args.bs)], args.timeout)
+    lockstep = probe([*mpirun_prefix(args, args.world_size), *local, "--bs", str(args.bs // args.world_size),
+                      "--threads", threads, "--lockstep"], args.timeout)
+    return {"one_process": one.get("samples_per_s"),
+            "lockstep": args.world_size * lockstep["samples_per_s"] if "samples_per_s" in lockstep else None}
+
+
+def crossover(entries: list[dict]) -> int | None:
+    """The smallest global batch at which W ranks beat 1 rank, or None."""
+    for entry in entries:
+        raw, one = entry["sides"].get("raw", {}), entry["sides"].get("raw1", {})
+        if raw.get("samples_per_s") and one.get("samples_per_s") and raw["samples_per_s"] > one["samples_per_s"]:
+            return entry["global_batch"]
+    return None
+
+
+def save_sweep_chart(entries: list[dict], path: Path, title: str) -> bool:
+    try:
+        import matplotlib  # noqa: PLC0415  (the bench extra)
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return False
+    batches = [e["global_batch"] for e in entries]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = {"raw1": "raw, 1 rank", "raw": "raw DDP, 2 ranks", "accelerate": "Accelerate, 2 ranks"}
+    for side, label in labels.items():
+        values = [e["sides"].get(side, {}).get("samples_per_s") for e in entries]
+        ax.plot(batches, values, "o-", label=label)
+    for key, label in (("one_process", "floor: 1 process"), ("lockstep", "floor: 2 ranks in lockstep")):
+        ax.plot(batches, [e["floors"].get(key) for e in entries], "--", alpha=0.7, label=label)
+    ax.set_xscale("log")
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("global batch")
+    ax.set_ylabel("samples/s (median)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
