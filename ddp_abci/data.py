@@ -37,6 +37,13 @@ class LinspaceDataset(Dataset):
         return torch.from_numpy(np.linspace(0, stops, self.dim, axis=1).astype(np.float32, order="C"))
 
 
+def seed_datasets(dim_in: int, num_items: int, eval_items: int) -> tuple[LinspaceDataset, LinspaceDataset | None]:
+    """The seed's data: LinspaceDataset, its last `eval_items` held out (10% with --eval-every)."""
+    train_items = num_items - eval_items
+    eval_set = LinspaceDataset(dim_in, eval_items, start=train_items) if eval_items else None
+    return LinspaceDataset(dim_in, train_items), eval_set
+
+
 class BatchedView(Dataset):
     """Any map-style dataset seen through `view[list_of_indices]` -> one collated batch.
 

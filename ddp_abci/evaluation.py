@@ -9,7 +9,7 @@ from torch.utils.data import Dataset
 from .collectives import gather_for_metrics, reduce
 from .data import ShardBatchSampler, batch_fetcher, batch_len, to_device
 from .launch import Launch
-from .model import LossFn
+from .model import AutoencoderLoss, LossFn
 from .precision import autocast
 
 # A metric maps (model, batch) to one value per item of the batch: accuracy's 0/1, an RMSE.
@@ -63,3 +63,10 @@ def _mean_once(values: torch.Tensor, indices: torch.Tensor, padded_len: int) -> 
         indices = torch.cat([indices, indices[:1].expand(pad)])
     kept, _ = gather_for_metrics(values, indices)
     return kept.mean().item()
+
+
+def default_metrics(loss_fn: LossFn) -> dict[str, MetricFn]:
+    """The seed's evaluation figure: the exact mean over items of each item's RMSE (or MSE)."""
+    if isinstance(loss_fn, AutoencoderLoss):
+        return {f"mean {loss_fn.kind.upper()}": loss_fn.per_item}
+    return {}

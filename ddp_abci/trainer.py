@@ -21,12 +21,12 @@ from torch.utils.data import Dataset
 from . import checkpoint as ckpt
 from . import preflight
 from . import snapshot as snap
-from .collectives import all_ranks, broadcast_error, check_replicas_agree, print_main, reduce, wait_for_everyone
+from .collectives import all_ranks, broadcast_error, check_replicas_agree, print_main, reduce
 from .comm_hook import register_mpi_hook
 from .config import TrainConfig
-from .data import LinspaceDataset, batch_len, build_loader, to_device
+from .data import batch_len, build_loader, seed_datasets, to_device
 from .errors import Diverged, SaveFailed, UsageError
-from .evaluation import MetricFn, evaluate
+from .evaluation import MetricFn, default_metrics, evaluate
 from .launch import Launch
 from .metrics import Clock, peak_memory_mib, run_summary, write_summary
 from .model import (
@@ -60,13 +60,6 @@ class LossFnFailed(UsageError):
     same_on_every_rank = False
 
 
-def seed_datasets(config: TrainConfig) -> tuple[Dataset, Dataset | None]:
-    """The seed's data: LinspaceDataset, its last 10% held out when --eval-every is set."""
-    train_items = config.num_items - config.eval_items
-    eval_set = LinspaceDataset(config.dim_in, config.eval_items, start=train_items) if config.eval_items else None
-    return LinspaceDataset(config.dim_in, train_items), eval_set
-
-
 def seed_everything(seed: int) -> None:
     """torch, random and numpy, as accelerate.utils.set_seed does. The Trainer passes
     seed + rank (nanoGPT's seed offset): dropout and augmentations differ between ranks,
@@ -91,11 +84,11 @@ class Trainer:
         self.step = 0            # optimizer steps taken (skipped fp16 steps included)
         self.clock = Clock(startup)
         if train_set is None:
-            train_set, default_eval = seed_datasets(config)
+            train_set, default_eval = seed_datasets(config.dim_in, config.num_items, config.eval_items)
             eval_set = default_eval if eval_set is None else eval_set
         self.train_set, self.eval_set, self.on_eval = train_set, eval_set, on_eval
         self.loss_fn = loss_fn or AutoencoderLoss(config.loss)
-        self.eval_metrics = dict(metrics) if metrics is not None else _default_metrics(self.loss_fn)
+        self.eval_metrics = dict(metrics) if metrics is not None else default_metrics(self.loss_fn)
         self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
 
         self.model = self.optimizer = self.scheduler = self.loader = self.sampler = self.trackers = None
@@ -318,9 +311,13 @@ class Trainer:
 
     def _save_model(self) -> None:
         """--save-model: the trained weights alone (unwrapped state_dict), as accelerator.save does."""
+        error = None
         if self.config.save_model and self.launch.is_main:
-            ckpt.save_atomic(unwrap(self.model).state_dict(), self.config.save_model)
-        wait_for_everyone()
+            try:
+                ckpt.save_atomic(unwrap(self.model).state_dict(), self.config.save_model)
+            except Exception as e:  # the run's checkpoint is already saved: say so, exit 74
+                error = ckpt.save_failure(e, Path(self.config.save_model))
+        broadcast_error(self.launch, error, SaveFailed)
 
     def _finished(self) -> bool:
         max_steps = self.config.max_steps
@@ -409,9 +406,3 @@ class Trainer:
                 self.launch.world_size, self.config.global_batch, self.precision, self.step, last_loss, self.clock,
                 peaks, kind, signal_name(stopped_by) if stopped_by else None, self.device))
 
-
-def _default_metrics(loss_fn: LossFn) -> dict[str, MetricFn]:
-    """The seed's evaluation figure: the exact mean over items of each item's RMSE (or MSE)."""
-    if isinstance(loss_fn, AutoencoderLoss):
-        return {f"mean {loss_fn.kind.upper()}": loss_fn.per_item}
-    return {}
