@@ -28,7 +28,11 @@ from .rendezvous import free_port
 
 
 def mpirun_prefix(args: argparse.Namespace, ranks: int) -> list[str]:
-    return [args.mpirun, "-n", str(ranks), "--oversubscribe", *args.mpirun_args]
+    # --btl: Open MPI's byte transfer layers. With the pip wheel's default list, MPI_Init spends
+    # about 1 s initialising libfabric (the ofi BTL) on a machine without it (measured here:
+    # 1.11 s, 0.11 s with self,sm,tcp); scripts/run_local.sh and the tests name them too.
+    btl = ["--mca", "btl", args.btl] if args.btl else []
+    return [args.mpirun, "-n", str(ranks), "--oversubscribe", *btl, *args.mpirun_args]
 
 
 def side_command(side: str, args: argparse.Namespace, summary: Path) -> list[str]:
@@ -228,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw-args", default="", help="extra arguments for the raw trainer, e.g. '--comm gloo'")
     p.add_argument("--mpirun", default=shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun")
     p.add_argument("--mpirun-args", default="", help="extra mpirun arguments, e.g. '--hostfile nodes'")
+    p.add_argument("--btl", default="self,sm,tcp",
+                   help="Open MPI's transports for both sides (default: one host's; '' leaves Open MPI's choice)")
     p.add_argument("--master-addr", default="127.0.0.1", help="for the Accelerate side (env://)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
     p.add_argument("--out", default="bench-results/bench.json")

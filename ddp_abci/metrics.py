@@ -24,15 +24,14 @@ class MetricsLog:
     def step(self, *, step: int, epoch: int, samples: int, loss: float, lr: float, grad_norm: float | None,
              scale: float | None, start: bool = False) -> float | None:
         """One optimizer step that trained `samples` items over all ranks; returns its samples/s.
-        `start` marks a run's first step (`"start": true`): a resume point when step > 1."""
+        On a run's first step (`start`) samples_per_s is null: it has no step before it, and
+        the plot marks such a line after step 1 as a resume."""
         now = time.perf_counter()
         rate = samples / (now - self.last) if now > self.last and not start else None
         self.last = now
-        line = {"step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
-                "scale": scale}
-        if start:
-            line["start"] = True
-        self._guard(self.file and self.file.write, json.dumps(line) + "\n")
+        self._guard(self.file and self.file.write, json.dumps({
+            "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+            "samples_per_s": rate, "scale": scale}) + "\n")
         return rate
 
     def flush(self) -> None:

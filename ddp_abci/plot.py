@@ -51,7 +51,7 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     steps = [r["step"] for r in rows]
-    resumes = [r["step"] for r in rows if r.get("start") and r["step"] > 1]
+    resumes = [r["step"] for r in rows if r.get("samples_per_s") is None and r["step"] > 1]  # a run's first step
     fig, (ax_loss, ax_lr, ax_rate) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     losses = [r["loss"] for r in rows]
     ax_loss.plot(steps, losses, lw=0.6, alpha=0.6, label="step loss (rank 0)")
@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.run.with_suffix(".png")
     try:
         rows = read_run(args.run)
-        plot(rows, out, f"{args.run.name}: {len(rows)} steps, {sum(bool(r.get('start')) for r in rows)} run(s)")
+        runs = sum(r.get("samples_per_s") is None for r in rows)
+        plot(rows, out, f"{args.run.name}: {len(rows)} steps, {runs} run(s)")
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
