@@ -53,8 +53,13 @@ def _bench(tmp_path, *extra):
     return proc, json.loads(out.read_text())
 
 
-def test_a_tiny_benchmark_reports_both_sides_and_their_ratio(tmp_path):
-    proc, report = _bench(tmp_path)
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    return _bench(tmp_path_factory.mktemp("bench"))
+
+
+def test_a_tiny_benchmark_reports_both_sides_and_their_ratio(tiny_bench):
+    proc, report = tiny_bench
     assert proc.returncode == 0, proc.stdout
     for side in ("raw", "accelerate"):
         s = report["sides"][side]
@@ -63,6 +68,30 @@ def test_a_tiny_benchmark_reports_both_sides_and_their_ratio(tmp_path):
     assert report["ratios"]["throughput raw / accelerate"] > 0
     assert report["environment"]["torch"] and report["environment"]["accelerate"]
     assert re.search(r"throughput raw / accelerate: \d+\.\d\d", proc.stdout)
+
+
+def test_the_start_up_phases_of_the_raw_side_are_reported(tiny_bench):
+    proc, report = tiny_bench
+    phases = report["sides"]["raw"]["startup"]
+    assert set(phases) == {"to the interpreter", "imports", "MPI_Init", "rendezvous and group",
+                           "preflight, model, DDP", "first step"}
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) == pytest.approx(report["sides"]["raw"]["first_step_s"], abs=0.5)
+    assert "start-up of raw (medians): " in proc.stdout
+
+
+def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tmp_path):
+    out = tmp_path / "sweep.json"
+    proc = run([PYTHON, "-m", "ddp_abci.bench", "--epochs", "1", "--num-items", "400", "--rounds", "1",
+                "--sides", "raw", "--no-probes", "--sweep", "40", "--out", str(out)], timeout=600)
+    assert proc.returncode == 0, proc.stdout
+    sweep = json.loads(out.read_text())["sweep"]
+    assert [entry["global_batch"] for entry in sweep] == [40]  # one batch keeps the test short; a list works alike
+    for entry in sweep:
+        assert set(entry["sides"]) == {"raw1", "raw", "accelerate"}
+        assert all(side["samples_per_s"] > 0 and side["first_step_s"] > 0 for side in entry["sides"].values())
+        assert entry["floors"]["one_process"] > 0 and entry["floors"]["lockstep"] > 0
+    assert out.with_name("sweep-sweep.png").exists()
 
 
 def test_a_failing_side_is_reported_as_failed_not_as_a_number(tmp_path):
