@@ -27,6 +27,7 @@ _EXPORTS = {
     "resolve_precision": "precision", "autocast": "precision", "make_scaler": "precision",
     "save_atomic": "checkpoint", "load_checkpoint": "checkpoint",
     "TrainConfig": "config", "Trainer": "trainer", "UsageError": "errors", "fit": "job",
+    "RunError": "errors", "Diverged": "errors", "SaveFailed": "errors", "RunPlan": "plan", "plan_run": "plan",
     "build_optimizer": "model", "seed_optimizer": "model", "AutoencoderLoss": "model",
     "ShardBatchSampler": "data", "to_device": "data", "StopRequest": "signals", "EXIT_STOPPED": "signals",
     "gather": "collectives", "gather_for_metrics": "collectives", "reduce": "collectives",
