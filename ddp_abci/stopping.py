@@ -38,14 +38,14 @@ class StopAgreement:
 
     def __init__(self, stop: StopRequest, every: int, comm: str, device: torch.device, world_size: int,
                  guard_finite: bool, max_fp16_skips: int, stop_after_s: float = 0.0,
-                 expected_save_s: float = 0.0) -> None:
+                 expected_save_s: float = 0.0, step: int = 0) -> None:
         self.stop, self.every, self.comm, self.device, self.world_size = stop, every, comm, device, world_size
         self.guard_finite, self.max_fp16_skips = guard_finite, max_fp16_skips
         self.deadline = stop.created + stop_after_s if stop_after_s else None
         self.save_s, self.interval_s, self.last_check = expected_save_s, 0.0, time.monotonic()
         self.bad_norm: float | None = None
         self.skips_in_a_row = 0
-        self.checked_step = 0
+        self.checked_step = step  # the last agreed step: a divergence is reported since then
 
     def watch(self, grad_norm: float | None, skipped: bool) -> None:
         """After each step: the gradient norm (a host float when clipping) and fp16's skip."""

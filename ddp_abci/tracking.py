@@ -109,10 +109,13 @@ class RunTrackers:
     def start(self, every_s: float, step: int, deadline: float | None) -> None:
         self._progress = Progress(every_s, self.total_steps, step, deadline) if self.is_main else None
 
+    @property
+    def recording(self) -> bool:
+        """Whether step() records anything: the loop gathers the step's values only then."""
+        return self.metrics is not None or self.board is not None
+
     def step(self, step: int, epoch: int, samples: int, loss: torch.Tensor, lr: float, grad_norm: float | None,
              scale: float | None) -> None:
-        if self.metrics is None and self.board is None:
-            return  # no per-step host sync when nothing records it
         value = loss.item()
         rate = self.metrics.step(step=step, epoch=epoch, samples=samples, loss=value, lr=lr, grad_norm=grad_norm,
                                  scale=scale, start=step == self.first_step) if self.metrics else None
@@ -120,9 +123,12 @@ class RunTrackers:
             self.board.step(step, {"loss": value, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
                                    "scale": scale})
 
+    def progress_due(self, now: float) -> bool:
+        return self._progress is not None and self._progress.due(now)
+
     def progress(self, now: float, step: int, where: str, loss_sum: torch.Tensor, rate: float | None) -> None:
-        if self._progress is not None and self._progress.due(now):
-            print(self._progress.line(now, step, where, loss_sum, rate), flush=True)
+        """The progress line; call it when progress_due(now)."""
+        print(self._progress.line(now, step, where, loss_sum, rate), flush=True)
 
     def epoch_started(self, step: int) -> None:
         if self._progress is not None:

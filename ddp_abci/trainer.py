@@ -270,8 +270,8 @@ class Trainer:
         self.agreement = StopAgreement(stop or StopRequest(), cfg.stop_check_every, self.comm, self.device,
                                        launch.world_size, guard_finite=not fp16,
                                        max_fp16_skips=cfg.max_skipped_steps if fp16 else 0,
-                                       stop_after_s=cfg.stop_after_s, expected_save_s=self._expected_save_s())
-        self.agreement.checked_step = self.step
+                                       stop_after_s=cfg.stop_after_s, expected_save_s=self._expected_save_s(),
+                                       step=self.step)
         if self.agreement.deadline is not None:
             print_main(launch, self.agreement.deadline_line())
         self.trackers.start(cfg.log_every_s, self.step, self.agreement.deadline)
@@ -355,12 +355,14 @@ class Trainer:
             self.batch_in_epoch, self.step = self.batch_in_epoch + len(group), self.step + 1
             now = time.perf_counter()
             self.clock.step_done(now, result.samples)
-            self.trackers.step(self.step, self.epoch, result.samples, result.loss,
-                               self.optimizer.param_groups[0]["lr"], result.grad_norm,
-                               self.scaler.get_scale() if self.scaler.is_enabled() else None)
-            self.trackers.progress(now, self.step, f"epoch {self.epoch + 1}/{self.config.epochs} "
-                                   f"[{self.batch_in_epoch}/{self.batches_per_epoch}]", loss_sum,
-                                   self.clock.samples_per_s())
+            if self.trackers.recording:  # only then: under fp16 get_scale() is a host sync
+                self.trackers.step(self.step, self.epoch, result.samples, result.loss,
+                                   self.optimizer.param_groups[0]["lr"], result.grad_norm,
+                                   self.scaler.get_scale() if self.scaler.is_enabled() else None)
+            if self.trackers.progress_due(now):
+                self.trackers.progress(now, self.step, f"epoch {self.epoch + 1}/{self.config.epochs} "
+                                       f"[{self.batch_in_epoch}/{self.batches_per_epoch}]", loss_sum,
+                                       self.clock.samples_per_s())
             self.agreement.watch(result.grad_norm, result.skipped)
             # Agree at every check step and always before a save (epoch end, run end), so that
             # a diverged state is never written over the last good checkpoint.
