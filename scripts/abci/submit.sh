@@ -6,7 +6,8 @@
 # trainer arguments may hold. DRY_RUN=1 prints the qsub line and the file instead of submitting.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-die() { echo "submit.sh: error: $*" >&2; exit 2; }
+# shellcheck source=scripts/lib/job_common.sh
+source scripts/lib/job_common.sh  # to_seconds, and die: "submit.sh: error: ..."
 site=${1:-}
 shift || true
 [ "$site" = abci3 ] || [ "$site" = abci2 ] || die "first argument must be abci3 or abci2"
@@ -35,8 +36,7 @@ if [ "$site" = abci3 ]; then
         scripts/abci/train_abci3.sh)
 else
     # s_rt three minutes before h_rt: SIGUSR1 there, where h_rt alone would SIGKILL unannounced.
-    IFS=: read -r h m s <<<"$walltime"
-    soft=$(( 10#${h:-0} * 3600 + 10#${m:-0} * 60 + 10#${s:-0} - 180 ))
+    soft=$(( $(to_seconds "$walltime") - 180 ))
     [ "$soft" -ge 60 ] || die "-t $walltime is too short: give at least 00:04:00"
     cmd=(qsub -g "$group" -l "rt_AF=$nodes" -l "h_rt=$walltime" -l "s_rt=$soft" -v "DDP_ABCI_ENV=$envfile"
         scripts/abci/train_abci2.sh)
