@@ -59,13 +59,23 @@ def _fail_mid_run(d, damage) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 
-def _fill(d) -> None:
-    subprocess.run(["dd", "if=/dev/zero", f"of={d}/filler", "bs=64k"], capture_output=True)
-
-
 def test_a_disk_that_fills_during_the_run_ends_it_in_one_line_and_the_last_good_checkpoint_loads(tmpfs):
+    # Another writer keeps taking every free block, as a group quota filling up does: filling
+    # once is not enough, because each save's rotation frees the checkpoint before prev.pt.
     d = tmpfs("8m")
-    proc = _fail_mid_run(d, _fill)
+    filler = []
+
+    def fill(d):
+        filler.append(subprocess.Popen(["sh", "-c", f"while :; do cat /dev/zero >> {d}/filler; sleep 0.001; done"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    try:
+        proc = _fail_mid_run(d, fill)
+    finally:
+        for p in filler:
+            p.kill()
+            p.wait()
+    (d / "filler").unlink()
     assert "Exit code:    74" in proc.stdout, proc.stdout
     line = _one_error(proc.stdout)
     assert "No space left on device" in line and str(d / "last.pt") in line
