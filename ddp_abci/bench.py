@@ -68,20 +68,20 @@ def run_side(side: str, args: argparse.Namespace, workdir: Path, round_: int) ->
     return result
 
 
-PHASES = (("to the interpreter", None, "process_unix"), ("imports", "process_unix", "imports_unix"),
-          ("MPI_Init", "imports_unix", "launch_unix"), ("rendezvous and group", "launch_unix", "group_unix"),
-          ("preflight, model, DDP", "group_unix", "ddp_unix"), ("first step", "ddp_unix", None))
+PHASES = (("to the interpreter", "process_unix"), ("imports", "imports_unix"), ("MPI_Init", "launch_unix"),
+          ("rendezvous and group", "group_unix"), ("preflight, model, DDP", "ddp_unix"),
+          ("first step", "first_step_unix"))
 
 
 def startup_phases(marks: dict, started: float, first_step: float) -> dict:
-    """Seconds of each start-up phase, from mpirun's start to the end of the first step."""
+    """Seconds of each start-up phase, from mpirun's start to the end of the first step:
+    each phase ends at its mark and begins at the one before it that the side recorded (the
+    Accelerate variant has no MPI_Init: its group phase begins at its imports' end)."""
     marks = dict(marks, first_step_unix=first_step)
-    out = {}
-    for name, begin, end in PHASES:
-        a = started if begin is None else marks.get(begin)
-        b = marks.get(end or "first_step_unix")
-        if a is not None and b is not None:
-            out[name] = b - a
+    out, begin = {}, started
+    for name, end in PHASES:
+        if marks.get(end) is not None:
+            out[name], begin = marks[end] - begin, marks[end]
     return out
 
 

@@ -8,6 +8,7 @@ The command line (`python -m ddp_abci.train`) is this same call with the seed's 
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from typing import Any, Callable, Mapping
 
@@ -41,16 +42,35 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
             return report(e)
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off (then back as it was) while torch loads.
+
+    Importing torch and torch._dynamo creates about 450,000 objects that live as long as
+    the process, and almost no garbage: the 694 collections that the allocations set off
+    freed 8,400 objects. Loading with the collector paused took 4.06 s against 4.67 s
+    (means of 8 alternating runs; 2-core AMD EPYC VM, torch 2.13.0 CPU, 2026-12)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, **parts: Any) -> int:
     """Discover, check what can be checked alone, open the group, train, close: in that order."""
     # Imported here so that `--help` and bad flags answer without loading torch.
-    import torch.distributed as dist
+    with collector_paused():
+        import torch._dynamo  # noqa: F401  DDP's constructor and optimizer.zero_grad load it anyway: load it here
+        import torch.distributed as dist
 
-    from .collectives import print_main
-    from .launch import discover_launch
-    from .plan import plan_run
-    from .process_group import choose_device, distributed
-    from .trainer import Trainer
+        from .collectives import print_main
+        from .launch import discover_launch
+        from .plan import plan_run
+        from .process_group import choose_device, distributed
+        from .trainer import Trainer
 
     startup = {"process_unix": stop.created_unix, "imports_unix": time.time()}
     launch = discover_launch(**launch_options)  # MPI_Init happens here, under mpirun

@@ -13,8 +13,8 @@ import socket
 
 import numpy as np
 import torch
-import torch._dynamo  # noqa: F401  before the group opens: imported later (DDP does) it pins the group
 import torch.distributed as dist
+import torch.distributed.nn.functional  # noqa: F401  before the group opens: imported later (DDP does) it pins the group
 from mpi4py import MPI
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP

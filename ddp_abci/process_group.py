@@ -57,12 +57,15 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
     The CUDA device is set before init: NCCL binds its communicator to the current
     device, and every rank would otherwise create a context on GPU 0.
     """
-    # Before init, not after: importing torch._dynamo (DDP's constructor does) while a
-    # process group exists leaves 10 references to it that nothing releases (torch 2.13,
-    # counted with sys.getrefcount). destroy_process_group then never frees the group, its
-    # gloo worker threads live on into interpreter shutdown, and one that drops a tensor
-    # there aborts the exit with "terminate called without an active exception".
-    import torch._dynamo  # noqa: F401, PLC0415
+    # Before init, not after. torch.distributed.nn.functional binds `group=group.WORLD` as
+    # default arguments when it is imported; imported while a group exists (torch._dynamo
+    # imports it, and DDP's constructor and optimizer.zero_grad import torch._dynamo), it
+    # holds 10 references to the group that nothing releases (torch 2.13, counted with
+    # sys.getrefcount: 10 -> 20). destroy_process_group then never frees the group, its gloo
+    # worker threads live on into interpreter shutdown, and one that drops a tensor there
+    # aborts the exit with "terminate called without an active exception". Imported first,
+    # its defaults are None and the count stays at 10; it costs 0.01 s, torch._dynamo 2.5 s.
+    import torch.distributed.nn.functional  # noqa: F401, PLC0415
     device = choose_device(launch)
     if device.type == "cuda":
         torch.cuda.set_device(device)
