@@ -166,7 +166,8 @@ def format_table(report: dict) -> str:
     lockstep = probes.get("floor_lockstep", {})
     if "step_ms" in lockstep:
         world = report["config"]["world_size"]
-        lines.append(f"lockstep floor (the same, gradients all-reduced through MPI every step): "
+        lines.append(f"lockstep floor (the same, gradients all-reduced through MPI every step; the median of "
+                     f"the rounds, each measured beside the sides): "
                      f"{lockstep['step_ms']:.2f} ms/step = {world * lockstep['samples_per_s']:,.0f} samples/s "
                      f"for {world} ranks")
     if "allreduce" in probes and not probes["allreduce"].get("failed"):
@@ -176,7 +177,7 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def ratios(sides: dict) -> dict:
+def ratios(sides: dict, probes: dict | None = None) -> dict:
     def ratio(a: str, b: str, key: str) -> float | None:
         sa, sb = sides.get(a, {}), sides.get(b, {})
         if not sa or not sb or sa.get("failed") or sb.get("failed"):
@@ -188,6 +189,10 @@ def ratios(sides: dict) -> dict:
     if "raw1" in sides:
         ranks = sides.get("raw", {}).get("world_size", "")
         out[f"throughput raw {ranks} ranks / 1 rank"] = ratio("raw", "raw1", "samples_per_s")
+    lockstep = (probes or {}).get("floor_lockstep", {}).get("samples_per_s")
+    raw = sides.get("raw", {})
+    if lockstep and "samples_per_s" in raw:  # the probe's rate is per rank
+        out["throughput raw / lockstep floor"] = raw["samples_per_s"] / (raw["world_size"] * lockstep)
     return out
 
 
@@ -244,22 +249,60 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_probes(args: argparse.Namespace) -> dict:
+def floor_command(args: argparse.Namespace, batch: int, *, ranks: int = 0, threads: int | None = None,
+                  lockstep: bool = False) -> list[str]:
+    """bench_probes floor with `batch` per process, alone (ranks 0) or on `ranks` ranks under
+    mpirun, over as many steps as a side trains (at most 2000): a floor's rate and a side's
+    are then the same statistic (the whole loop's) over about as long a run."""
+    steps = min(2000, args.max_steps or args.epochs * -(-args.num_items // args.bs))
+    cmd = [sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--amp", args.amp, "--bs", str(batch),
+           "--steps", str(max(5, steps)), *(["--threads", str(threads)] if threads else []),
+           *(["--lockstep"] if lockstep else [])]
+    return [*mpirun_prefix(args, ranks), *cmd] if ranks else cmd
+
+
+def lockstep_floor(args: argparse.Namespace, batch: int | None = None) -> dict:
+    """W ranks in lockstep (compute and one MPI all-reduce a step) at global batch `batch`."""
+    batch = batch or args.bs
+    return probe(floor_command(args, batch // args.world_size, ranks=args.world_size,
+                               threads=max(1, (os.cpu_count() or 1) // args.world_size), lockstep=True), args.timeout)
+
+
+def sweep_floors(args: argparse.Namespace) -> dict:
+    """One round's floors for the sweep at args.bs, in samples/s for all ranks together."""
+    one, lockstep = probe(floor_command(args, args.bs), args.timeout), lockstep_floor(args)
+    return {"one_process": one.get("samples_per_s"),
+            "lockstep": args.world_size * lockstep["samples_per_s"] if "samples_per_s" in lockstep else None}
+
+
+def median_floor(rounds: list[dict]) -> dict:
+    """The floor measured in every round, beside the sides, summarised as the sides are:
+    the median of each figure over the rounds, each round's rate kept under
+    `rounds_samples_per_s`."""
+    ok = [r for r in rounds if "samples_per_s" in r]
+    if not ok:
+        return rounds[-1] if rounds else {"failed": True}
+    medians = {k: statistics.median(r[k] for r in ok) for k, v in ok[0].items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return dict(ok[0], **medians, rounds=len(ok), rounds_samples_per_s=[r.get("samples_per_s") for r in rounds])
+
+
+def run_probes(args: argparse.Namespace, lockstep_rounds: list[dict]) -> dict:
     """What this machine allows (bench_probes): the compute floor of one process, of one rank
     alone and of all ranks computing at once, the same in lockstep with the gradient
-    all-reduce, and the all-reduce alone."""
-    local = [sys.executable, "-m", "ddp_abci.bench_probes"]
-    on_ranks = [*mpirun_prefix(args, args.world_size), *local]
-    per_rank = ["floor", "--amp", args.amp, "--bs", str(args.bs // args.world_size),
-                "--threads", str(max(1, (os.cpu_count() or 1) // args.world_size))]
-    probes = {"floor": probe([*local, "floor", "--bs", str(args.bs), "--amp", args.amp], args.timeout),
-              "floor_per_rank": probe([*local, *per_rank], args.timeout),
+    all-reduce (measured in every round, beside the sides), and the all-reduce alone."""
+    threads = max(1, (os.cpu_count() or 1) // args.world_size)
+    per_rank = args.bs // args.world_size
+    probes = {"floor": probe(floor_command(args, args.bs), args.timeout),
+              "floor_per_rank": probe(floor_command(args, per_rank, threads=threads), args.timeout),
               # The same per-rank floor with every rank computing at once (no communication):
               # what W ranks can reach together when they share the machine's memory and caches.
-              "floor_concurrent": probe([*on_ranks, *per_rank], args.timeout)}
+              "floor_concurrent": probe(floor_command(args, per_rank, ranks=args.world_size, threads=threads),
+                                        args.timeout)}
     if args.world_size > 1:
-        probes["floor_lockstep"] = probe([*on_ranks, *per_rank, "--lockstep"], args.timeout)
-    probes["allreduce"] = probe([*on_ranks, "allreduce"], args.timeout)
+        probes["floor_lockstep"] = median_floor(lockstep_rounds)
+    probes["allreduce"] = probe([*mpirun_prefix(args, args.world_size), sys.executable, "-m",
+                                 "ddp_abci.bench_probes", "allreduce"], args.timeout)
     return probes
 
 
@@ -270,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {s: [] for s in sides}
+    lockstep_rounds: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for side in sides if round_ % 2 == 0 else reversed(sides):  # A B, B A: neither always goes first
@@ -277,15 +321,17 @@ def main(argv: list[str] | None = None) -> int:
                 r = runs[side][-1]
                 print(f"round {round_ + 1}/{args.rounds} {side}: " + (f"FAILED rc={r['rc']}" if r.get("failed")
                       else f"{r['samples_per_s']:,.0f} samples/s, wall {r['wall_s']:.1f}s"), flush=True)
-    probes = {} if args.no_probes else run_probes(args)
+            if not args.no_probes and args.world_size > 1:  # the floor in the same minutes as the sides
+                lockstep_rounds.append(lockstep_floor(args))
+    probes = {} if args.no_probes else run_probes(args, lockstep_rounds)
     summary = {side: summarise(r) for side, r in runs.items()}
     report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "png")},
-              "environment": environment(args.mpirun), "sides": summary, "ratios": ratios(summary),
+              "environment": environment(args.mpirun), "sides": summary, "ratios": ratios(summary, probes),
               "probes": probes, "runs": runs}
     if args.sweep:
         from .bench_sweep import crossover, run_sweep, save_sweep_chart
 
-        report["sweep"] = run_sweep(args, run_side, summarise, probe, mpirun_prefix)
+        report["sweep"] = run_sweep(args, run_side, summarise, sweep_floors)
         report["sweep_crossover_global_batch"] = crossover(report["sweep"])
         sweep_png = out.with_name(out.stem + "-sweep.png")
         if save_sweep_chart(report["sweep"], sweep_png, f"{args.world_size} ranks vs 1, {args.amp}, "

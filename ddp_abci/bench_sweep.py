@@ -10,41 +10,40 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
-import sys
+import statistics
 import tempfile
 from pathlib import Path
 
 SWEEP_SIDES = ("raw1", "raw", "accelerate")
 
 
-def run_sweep(args: argparse.Namespace, run_side, summarise, probe, mpirun_prefix) -> list[dict]:
-    """One entry per global batch; the callables are bench.py's, shared with the main benchmark."""
+def run_sweep(args: argparse.Namespace, run_side, summarise, floors) -> list[dict]:
+    """One entry per global batch; the callables are bench.py's, shared with the main
+    benchmark (`floors(args)`: one round's floors at args.bs, in samples/s for all ranks)."""
     entries = []
     for batch in (int(b) for b in args.sweep.split(",") if b):
         at = copy.copy(args)
         at.bs = batch
         runs: dict[str, list[dict]] = {s: [] for s in SWEEP_SIDES}
+        floor_rounds: list[dict] = []
         with tempfile.TemporaryDirectory() as tmp:
             for round_ in range(args.rounds):
                 for side in SWEEP_SIDES if round_ % 2 == 0 else reversed(SWEEP_SIDES):
                     runs[side].append(run_side(side, at, Path(tmp), round_))
+                floor_rounds.append(floors(at))  # beside the sides, in every round
         sides = {side: summarise(r) for side, r in runs.items()}
-        floors = _floors(at, probe, mpirun_prefix)
-        entries.append({"global_batch": batch, "sides": sides, "floors": floors})
+        entry_floors = {name: _median([r[name] for r in floor_rounds if r.get(name)]) for name in FLOORS}
+        entries.append({"global_batch": batch, "sides": sides, "floors": entry_floors})
         shown = ", ".join(f"{s} {v['samples_per_s']:,.0f}" for s, v in sides.items() if not v.get("failed"))
-        print(f"sweep global batch {batch}: {shown} samples/s; floors {floors}", flush=True)
+        print(f"sweep global batch {batch}: {shown} samples/s; floors {entry_floors}", flush=True)
     return entries
 
 
-def _floors(args: argparse.Namespace, probe, mpirun_prefix) -> dict:
-    local = [sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--amp", args.amp]
-    threads = str(max(1, (os.cpu_count() or 1) // args.world_size))
-    one = probe([*local, "--bs", str(args.bs)], args.timeout)
-    lockstep = probe([*mpirun_prefix(args, args.world_size), *local, "--bs", str(args.bs // args.world_size),
-                      "--threads", threads, "--lockstep"], args.timeout)
-    return {"one_process": one.get("samples_per_s"),
-            "lockstep": args.world_size * lockstep["samples_per_s"] if "samples_per_s" in lockstep else None}
+FLOORS = ("one_process", "lockstep")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def crossover(entries: list[dict]) -> int | None:

@@ -101,7 +101,7 @@ def test_a_failing_side_is_reported_as_failed_not_as_a_number(tmp_path):
     assert re.search(r"^raw +- +FAILED", proc.stdout, re.M)
 
 
-def test_a_probe_reports_its_fastest_block_not_one_slowed_by_a_neighbour(monkeypatch):
+def test_a_probe_reports_the_whole_loops_mean_and_its_fastest_block(monkeypatch):
     from ddp_abci import bench_probes
 
     clock = iter(range(20))  # 5 blocks of 4 calls; a neighbour slows the first block's calls 5×
@@ -112,7 +112,20 @@ def test_a_probe_reports_its_fastest_block_not_one_slowed_by_a_neighbour(monkeyp
     def call():
         now[0] += costs[next(clock)]
 
-    assert bench_probes._time(call, iters=20, device=torch.device("cpu"), warmup=0, blocks=5) == 1e3
+    mean_ms, best_ms = bench_probes._time(call, iters=20, device=torch.device("cpu"), warmup=0, blocks=5)
+    assert (mean_ms, best_ms) == (1.8e3, 1e3)  # a floor's rate is the mean, as a trainer's is
+
+
+def test_the_lockstep_floor_is_the_median_of_its_rounds_and_the_ratio_is_per_rank():
+    from ddp_abci.bench import median_floor, ratios
+
+    rounds = [{"samples_per_s": rate, "step_ms": 25e3 / rate, "threads": 1} for rate in (9000.0, 6000.0, 8000.0)]
+    floor = median_floor(rounds)
+    assert floor["samples_per_s"] == 8000.0 and floor["rounds_samples_per_s"] == [9000.0, 6000.0, 8000.0]
+    assert median_floor([{"failed": True}]) == {"failed": True}
+    raw = {"samples_per_s": 13600.0, "world_size": 2, "wall_s": 1.0}
+    assert ratios({"raw": raw, "accelerate": raw}, {"floor_lockstep": floor})[
+        "throughput raw / lockstep floor"] == pytest.approx(0.85)
 
 
 def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks():
