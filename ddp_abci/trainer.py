@@ -24,7 +24,7 @@ from . import snapshot as snap
 from .collectives import all_ranks, broadcast_error, check_replicas_agree, print_main, reduce
 from .comm_hook import register_mpi_hook
 from .config import TrainConfig
-from .data import batch_len, build_loader, seed_datasets, to_device
+from .data import batch_len, build_loader, iterate, seed_datasets, to_device
 from .errors import Diverged, SaveFailed, UsageError
 from .evaluation import MetricFn, default_metrics, evaluate
 from .launch import Launch
@@ -207,15 +207,17 @@ class Trainer:
     def train_step(self, micro_batches: list[Any]) -> StepResult:
         """One optimizer step over the micro-batches (--accum of them; one by default)."""
         self.optimizer.zero_grad(set_to_none=True)
-        count, loss_sum, samples = len(micro_batches), torch.zeros((), device=self.device), 0
+        count, loss_sum, samples = len(micro_batches), None, 0
         for i, batch in enumerate(micro_batches):
             with self._grad_sync(last=i == count - 1):
                 with autocast(self.precision, self.device):
                     loss = self._loss(batch)
-                # / count: the accumulated gradient is that of the micro-batch losses' mean.
-                # DDP all-reduces gradient buckets during the last micro-batch's backward.
-                self.scaler.scale(loss / count).backward()
-            loss_sum += loss.detach()
+                # / count: the accumulated gradient is that of the micro-batch losses' mean
+                # (skipped for one: x / 1 is x, and the division is an op and a backward node
+                # a step). DDP all-reduces gradient buckets during the last micro-batch's backward.
+                self.scaler.scale(loss / count if count > 1 else loss).backward()
+            loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
+            loss_sum = loss if loss_sum is None else loss_sum + loss
             samples += batch_len(batch)
         grad_norm = None
         if self.config.clip_norm:
@@ -224,7 +226,8 @@ class Trainer:
         skipped = self._optimizer_step()
         if self.scheduler is not None and not skipped:
             self.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
-        return StepResult(loss_sum / count, skipped, grad_norm, samples * self.launch.world_size)
+        return StepResult(loss_sum / count if count > 1 else loss_sum, skipped, grad_norm,
+                          samples * self.launch.world_size)
 
     def _loss(self, batch: Any) -> torch.Tensor:
         try:
@@ -335,7 +338,7 @@ class Trainer:
 
     def _micro_batch_groups(self) -> Iterator[list[Any]]:
         """The rest of the epoch's micro-batches in groups of --accum (a shorter last group)."""
-        batches = (to_device(b, self.device, non_blocking=self.pin) for b in self.loader)
+        batches = (to_device(b, self.device, non_blocking=self.pin) for b in iterate(self.loader))
         while group := list(itertools.islice(batches, self.config.accum)):
             yield group
 

@@ -2,12 +2,13 @@
 import os
 import signal
 
+import numpy as np
 import pytest
 import torch
 
 from ddp_abci import checkpoint as ckpt
 from ddp_abci.config import TrainConfig
-from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, per_rank_batch
+from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, iterate, per_rank_batch
 from ddp_abci.errors import UsageError
 from ddp_abci.launch import Launch
 from ddp_abci.model import SimpleModule
@@ -34,6 +35,24 @@ def test_a_batched_fetch_equals_the_items_one_by_one():
     idx = [0, 1, 5, 9999, 1234, 42]
     assert torch.equal(ds[idx], torch.stack([ds[i] for i in idx]))
     assert ds[idx].is_contiguous()
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3, 7, 1000])
+def test_a_batched_fetch_equals_numpys_linspace_bit_for_bit_for_any_width_and_stop(dim):
+    stops = [0, 1, 2, 3, 998, 999, 1000, 12345, 999_999, 2**31 - 1, 10**12 + 7]
+    rows = LinspaceDataset(dim=dim)[stops]
+    for row, stop in zip(rows, stops):
+        assert torch.equal(row, torch.from_numpy(np.linspace(0, stop, dim).astype(np.float32))), (dim, stop)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_trainers_batches_are_the_dataloaders_own_with_or_without_workers(workers):
+    loader = build_loader(LinspaceDataset(num_items=400), launch(1, 2), 50, seed=3, workers=workers)
+    loader.sampler.start_epoch(1, skip_batches=2)
+    expected = list(loader)
+    loader.sampler.start_epoch(1, skip_batches=2)
+    got = list(iterate(loader))
+    assert len(got) == len(expected) == 6 and all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
 def test_the_dataset_works_with_a_plain_dataloader_as_in_the_seed():
