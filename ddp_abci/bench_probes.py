@@ -6,7 +6,8 @@
     mpirun -n 2 python -m ddp_abci.bench_probes allreduce    # the gradient all-reduce alone
 
 Each prints one JSON line. The benchmark runs them and reports each trainer's throughput
-as a fraction of the floor, and the all-reduce time against the step time.
+as a fraction of the floor, and the all-reduce time against the step time. A floor's rate
+is its whole timed loop's, as a trainer's is; an all-reduce's time is its fastest block's.
 """
 from __future__ import annotations
 
