@@ -74,6 +74,7 @@ def save_sweep_chart(entries: list[dict], path: Path, title: str) -> bool:
         ax.plot(batches, [e["floors"].get(key) for e in entries], "--", alpha=0.7, label=label)
     ax.set_xscale("log")
     ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()  # else the log axis labels 3x10^2, 4x10^2, ... between the batches
     ax.set_xlabel("global batch")
     ax.set_ylabel("samples/s (median)")
     ax.set_title(title)

@@ -63,7 +63,7 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, **parts
     """Discover, check what can be checked alone, open the group, train, close: in that order."""
     # Imported here so that `--help` and bad flags answer without loading torch.
     with collector_paused():
-        import torch._dynamo  # noqa: F401  DDP's constructor and optimizer.zero_grad load it anyway: load it here
+        import torch._dynamo  # noqa: F401  DDP's and torch.optim's constructors load it anyway
         import torch.distributed as dist
 
         from .collectives import print_main

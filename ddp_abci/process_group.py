@@ -59,7 +59,7 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
     """
     # Before init, not after. torch.distributed.nn.functional binds `group=group.WORLD` as
     # default arguments when it is imported; imported while a group exists (torch._dynamo
-    # imports it, and DDP's constructor and optimizer.zero_grad import torch._dynamo), it
+    # imports it, and DDP's and torch.optim's constructors import torch._dynamo), it
     # holds 10 references to the group that nothing releases (torch 2.13, counted with
     # sys.getrefcount: 10 -> 20). destroy_process_group then never frees the group, its gloo
     # worker threads live on into interpreter shutdown, and one that drops a tensor there

@@ -80,6 +80,15 @@ def test_the_start_up_phases_of_the_raw_side_are_reported(tiny_bench):
     assert "start-up of raw (medians): " in proc.stdout
 
 
+def test_the_accelerate_side_reports_its_start_up_phases_too(tiny_bench):
+    proc, report = tiny_bench
+    phases = report["sides"]["accelerate"]["startup"]
+    assert set(phases) == {"to the interpreter", "imports", "rendezvous and group", "preflight, model, DDP",
+                           "first step"}  # no MPI_Init: Accelerate meets the others through env://
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) == pytest.approx(report["sides"]["accelerate"]["first_step_s"], abs=0.5)
+
+
 def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tmp_path):
     out = tmp_path / "sweep.json"
     proc = run([PYTHON, "-m", "ddp_abci.bench", "--epochs", "1", "--num-items", "400", "--rounds", "1",

@@ -236,3 +236,18 @@ def test_an_nccl_error_at_init_is_a_backend_failure_not_a_rendezvous_one(monkeyp
     with pytest.raises(BackendFailed) as raised:
         open_process_group(Launch(0, 1, 0, 1, "127.0.0.1", 29500, "single"))
     assert "could not start" in str(raised.value) and "could not meet" not in str(raised.value)
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_torch_loads_with_the_collector_paused_and_its_state_is_restored(enabled_before):
+    import gc
+
+    from ddp_abci.job import collector_paused
+
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() == enabled_before
+    finally:
+        gc.enable()
