@@ -261,10 +261,9 @@ def floor_command(args: argparse.Namespace, batch: int, *, ranks: int = 0, threa
     return [*mpirun_prefix(args, ranks), *cmd] if ranks else cmd
 
 
-def lockstep_floor(args: argparse.Namespace, batch: int | None = None) -> dict:
-    """W ranks in lockstep (compute and one MPI all-reduce a step) at global batch `batch`."""
-    batch = batch or args.bs
-    return probe(floor_command(args, batch // args.world_size, ranks=args.world_size,
+def lockstep_floor(args: argparse.Namespace) -> dict:
+    """W ranks in lockstep (compute and one MPI all-reduce a step) at global batch args.bs."""
+    return probe(floor_command(args, args.bs // args.world_size, ranks=args.world_size,
                                threads=max(1, (os.cpu_count() or 1) // args.world_size), lockstep=True), args.timeout)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from .cli import report
 from .config import TrainConfig
@@ -43,7 +43,7 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
 
 
 @contextlib.contextmanager
-def collector_paused():
+def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off (then back as it was) while torch loads.
 
     Importing torch and torch._dynamo creates about 450,000 objects that live as long as
