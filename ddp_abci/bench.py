@@ -170,6 +170,12 @@ def format_table(report: dict) -> str:
                      f"the rounds, each measured beside the sides): "
                      f"{lockstep['step_ms']:.2f} ms/step = {world * lockstep['samples_per_s']:,.0f} samples/s "
                      f"for {world} ranks")
+    ddp = probes.get("floor_ddp", {})
+    if "step_ms" in ddp:
+        world = report["config"]["world_size"]
+        lines.append(f"DDP floor (the same loop through DDP as the trainer wraps the model, gradients via "
+                     f"{ddp.get('comm', '?')}; the median of the rounds): {ddp['step_ms']:.2f} ms/step = "
+                     f"{world * ddp['samples_per_s']:,.0f} samples/s for {world} ranks")
     if "allreduce" in probes and not probes["allreduce"].get("failed"):
         a = probes["allreduce"]
         lines.append("all-reduce of the gradients alone: " + ", ".join(
@@ -190,9 +196,14 @@ def ratios(sides: dict, probes: dict | None = None) -> dict:
         ranks = sides.get("raw", {}).get("world_size", "")
         out[f"throughput raw {ranks} ranks / 1 rank"] = ratio("raw", "raw1", "samples_per_s")
     lockstep = (probes or {}).get("floor_lockstep", {}).get("samples_per_s")
+    ddp = (probes or {}).get("floor_ddp", {}).get("samples_per_s")
     raw = sides.get("raw", {})
     if lockstep and "samples_per_s" in raw:  # the probe's rate is per rank
         out["throughput raw / lockstep floor"] = raw["samples_per_s"] / (raw["world_size"] * lockstep)
+    if ddp and "samples_per_s" in raw:
+        out["throughput raw / DDP floor"] = raw["samples_per_s"] / (raw["world_size"] * ddp)
+    if ddp and lockstep:  # what keeping DDP costs, before the loader and the trainer
+        out["DDP floor / lockstep floor"] = ddp / lockstep
     return out
 
 
@@ -250,21 +261,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def floor_command(args: argparse.Namespace, batch: int, *, ranks: int = 0, threads: int | None = None,
-                  lockstep: bool = False) -> list[str]:
+                  lockstep: bool = False, ddp: bool = False) -> list[str]:
     """bench_probes floor with `batch` per process, alone (ranks 0) or on `ranks` ranks under
     mpirun, over as many steps as a side trains (at most 2000): a floor's rate and a side's
     are then the same statistic (the whole loop's) over about as long a run."""
     steps = min(2000, args.max_steps or args.epochs * -(-args.num_items // args.bs))
     cmd = [sys.executable, "-m", "ddp_abci.bench_probes", "floor", "--amp", args.amp, "--bs", str(batch),
            "--steps", str(max(5, steps)), *(["--threads", str(threads)] if threads else []),
-           *(["--lockstep"] if lockstep else [])]
+           *(["--lockstep"] if lockstep else []), *(["--ddp"] if ddp else [])]
     return [*mpirun_prefix(args, ranks), *cmd] if ranks else cmd
 
 
-def lockstep_floor(args: argparse.Namespace) -> dict:
-    """W ranks in lockstep (compute and one MPI all-reduce a step) at global batch args.bs."""
+def lockstep_floor(args: argparse.Namespace, *, ddp: bool = False) -> dict:
+    """W ranks in lockstep (compute and one MPI all-reduce a step) at global batch args.bs;
+    with ddp, the same loop through DDP as the trainer wraps the model."""
     return probe(floor_command(args, args.bs // args.world_size, ranks=args.world_size,
-                               threads=max(1, (os.cpu_count() or 1) // args.world_size), lockstep=True), args.timeout)
+                               threads=max(1, (os.cpu_count() or 1) // args.world_size), lockstep=not ddp, ddp=ddp),
+                 args.timeout)
 
 
 def sweep_floors(args: argparse.Namespace) -> dict:
@@ -286,10 +299,11 @@ def median_floor(rounds: list[dict]) -> dict:
     return dict(ok[0], **medians, rounds=len(ok), rounds_samples_per_s=[r.get("samples_per_s") for r in rounds])
 
 
-def run_probes(args: argparse.Namespace, lockstep_rounds: list[dict]) -> dict:
+def run_probes(args: argparse.Namespace, lockstep_rounds: list[dict], ddp_rounds: list[dict]) -> dict:
     """What this machine allows (bench_probes): the compute floor of one process, of one rank
     alone and of all ranks computing at once, the same in lockstep with the gradient
-    all-reduce (measured in every round, beside the sides), and the all-reduce alone."""
+    all-reduce and the same through DDP (both measured in every round, beside the sides),
+    and the all-reduce alone."""
     threads = max(1, (os.cpu_count() or 1) // args.world_size)
     per_rank = args.bs // args.world_size
     probes = {"floor": probe(floor_command(args, args.bs), args.timeout),
@@ -300,6 +314,7 @@ def run_probes(args: argparse.Namespace, lockstep_rounds: list[dict]) -> dict:
                                         args.timeout)}
     if args.world_size > 1:
         probes["floor_lockstep"] = median_floor(lockstep_rounds)
+        probes["floor_ddp"] = median_floor(ddp_rounds)
     probes["allreduce"] = probe([*mpirun_prefix(args, args.world_size), sys.executable, "-m",
                                  "ddp_abci.bench_probes", "allreduce"], args.timeout)
     return probes
@@ -313,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     lockstep_rounds: list[dict] = []
+    ddp_rounds: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for side in sides if round_ % 2 == 0 else reversed(sides):  # A B, B A: neither always goes first
@@ -322,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                       else f"{r['samples_per_s']:,.0f} samples/s, wall {r['wall_s']:.1f}s"), flush=True)
             if not args.no_probes and args.world_size > 1:  # the floor in the same minutes as the sides
                 lockstep_rounds.append(lockstep_floor(args))
-    probes = {} if args.no_probes else run_probes(args, lockstep_rounds)
+                ddp_rounds.append(lockstep_floor(args, ddp=True))
+    probes = {} if args.no_probes else run_probes(args, lockstep_rounds, ddp_rounds)
     summary = {side: summarise(r) for side, r in runs.items()}
     report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "png")},
               "environment": environment(args.mpirun), "sides": summary, "ratios": ratios(summary, probes),

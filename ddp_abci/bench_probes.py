@@ -3,6 +3,8 @@
     python -m ddp_abci.bench_probes floor --bs 50            # one process, data in memory
     mpirun -n 2 python -m ddp_abci.bench_probes floor --bs 25 --threads 1 --lockstep
                                                              # every rank at once, gradients all-reduced
+    mpirun -n 2 python -m ddp_abci.bench_probes floor --bs 25 --threads 1 --ddp
+                                                             # the same through DDP, as the trainer runs it
     mpirun -n 2 python -m ddp_abci.bench_probes allreduce    # the gradient all-reduce alone
 
 Each prints one JSON line. The benchmark runs them and reports each trainer's throughput
@@ -17,7 +19,8 @@ import sys
 import time
 
 
-def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, lockstep: bool = False) -> dict:
+def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, lockstep: bool = False,
+                  ddp: bool = False) -> dict:
     """Forward, backward and Adam step of the seed's model in a tight loop on one process,
     the batch already in memory: no loader, no communication. The throughput no trainer
     on this machine can beat.
@@ -25,20 +28,60 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, 
     lockstep (under mpirun, CPU): every step also averages the gradients over the ranks with
     one in-place MPI Allreduce, as DDP must, so the ranks wait for each other every step:
     what a synchronous data-parallel step costs here without DDP, the loader or the trainer
-    (and without overlapping the all-reduce with backward, which one thread a rank rules out)."""
+    (and without overlapping the all-reduce with backward, which one thread a rank rules out).
+
+    ddp (under mpirun): the same loop with the model in DDP as the trainer wraps it
+    (model.wrap_model, and on the CPU the MPI comm hook): what keeping DDP costs a step,
+    still without the loader or the trainer's code."""
     import torch
 
-    from .data import LinspaceDataset
-    from .model import build_model, build_optimizer, rmse_loss
-    from .precision import autocast, make_scaler, resolve_precision
-
+    if ddp:
+        return _ddp_floor(global_batch, steps, threads, amp)
     if threads:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if lockstep and device.type != "cpu":
         return {"probe": "floor", "failed": True, "tail": "the lockstep floor is a CPU probe (MPI on host memory)"}
+    return _floor_loop(None, global_batch, steps, amp, device, lockstep)
+
+
+def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> dict:
+    import gc
+
+    import torch
+
+    from .comm_hook import resolve_comm
+    from .launch import discover_launch
+    from .process_group import distributed
+
+    launch = discover_launch()
+    with distributed(launch) as device:
+        if threads:
+            torch.set_num_threads(threads)
+        comm = resolve_comm("auto", launch, device)
+        result = _floor_loop(launch, global_batch, steps, amp, device, lockstep=False,
+                             mpi_hook=comm == "mpi" and launch.world_size > 1)
+        gc.collect()  # DDP's reducer sits in reference cycles: free it while the group is open
+    return dict(result, comm=comm)
+
+
+def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockstep: bool,
+                mpi_hook: bool = False) -> dict:
+    """The timed loop; the model in DDP when a launch is given."""
+    import torch
+
+    from .data import LinspaceDataset
+    from .model import build_model, build_optimizer, rmse_loss, wrap_model
+    from .precision import autocast, make_scaler, resolve_precision
+
     precision = resolve_precision(amp, device)
     model = build_model(0).to(device)
+    if launch is not None:
+        model = wrap_model(model, device, launch.world_size)
+        if mpi_hook:
+            from .comm_hook import register_mpi_hook
+
+            register_mpi_hook(model)
     optimizer = build_optimizer(model, 1e-4, (0.0, 0.99))
     scaler = make_scaler(precision, device)
     x = LinspaceDataset()[list(range(global_batch))].to(device)
@@ -161,12 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--threads", type=int, default=None)
     f.add_argument("--amp", default="auto")
     f.add_argument("--lockstep", action="store_true", help="all-reduce the gradients over MPI every step")
+    f.add_argument("--ddp", action="store_true", help="the model in DDP, as the trainer wraps it (under mpirun)")
     a = sub.add_parser("allreduce")
     a.add_argument("--iters", type=int, default=300)
     a.add_argument("--backends", default="pg,mpi")
     args = p.parse_args(argv)
     if args.probe == "floor":
-        result = compute_floor(args.bs, args.steps, args.threads, args.amp, args.lockstep)
+        result = compute_floor(args.bs, args.steps, args.threads, args.amp, args.lockstep, args.ddp)
     else:
         result = allreduce_time(args.iters, args.backends.split(","))
     if result:

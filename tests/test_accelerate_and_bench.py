@@ -40,6 +40,15 @@ def test_the_variant_ends_gloos_threads_before_exit():
     assert_no_thread_outlives_the_process_group(proc)
 
 
+def test_the_ddp_floor_trains_through_ddp_with_the_mpi_hook_and_frees_the_group():
+    proc = run([*on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.bench_probes"),
+                "floor", "--bs", "25", "--threads", "1", "--ddp", "--steps", "25"])
+    assert_clean(proc)
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["step_ms"] > 0 and result["comm"] == "mpi"
+    assert_no_thread_outlives_the_process_group(proc)
+
+
 def test_the_variant_refuses_to_start_without_the_rendezvous_variables():
     proc = run(on_ranks(2, "-m", "ddp_abci.accelerate_variant", *SMALL))
     assert proc.returncode != 0
@@ -135,6 +144,16 @@ def test_the_lockstep_floor_is_the_median_of_its_rounds_and_the_ratio_is_per_ran
     raw = {"samples_per_s": 13600.0, "world_size": 2, "wall_s": 1.0}
     assert ratios({"raw": raw, "accelerate": raw}, {"floor_lockstep": floor})[
         "throughput raw / lockstep floor"] == pytest.approx(0.85)
+
+
+def test_the_ddp_floor_is_compared_with_the_raw_side_and_with_the_lockstep_floor():
+    from ddp_abci.bench import ratios
+
+    raw = {"samples_per_s": 13600.0, "world_size": 2, "wall_s": 1.0}
+    out = ratios({"raw": raw, "accelerate": raw}, {"floor_lockstep": {"samples_per_s": 8000.0},
+                                                   "floor_ddp": {"samples_per_s": 7200.0}})
+    assert out["throughput raw / DDP floor"] == pytest.approx(13600 / 14400)
+    assert out["DDP floor / lockstep floor"] == pytest.approx(0.9)
 
 
 def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks():
