@@ -59,17 +59,18 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> 
         if threads:
             torch.set_num_threads(threads)
         comm = resolve_comm("auto", launch, device)
-        result = _floor_loop(launch, global_batch, steps, amp, device, lockstep=False,
-                             mpi_hook=comm == "mpi" and launch.world_size > 1)
+        result = _floor_loop(launch, global_batch, steps, amp, device, lockstep=False, comm=comm)
         gc.collect()  # DDP's reducer sits in reference cycles: free it while the group is open
     return dict(result, comm=comm)
 
 
 def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockstep: bool,
-                mpi_hook: bool = False) -> dict:
-    """The timed loop; the model in DDP when a launch is given."""
+                comm: str | None = None) -> dict:
+    """The timed loop; the model in DDP when a launch is given, its gradients through MPI
+    where comm (resolve_comm's choice) is mpi, as the trainer does."""
     import torch
 
+    from .comm_hook import register_mpi_hook
     from .data import LinspaceDataset
     from .model import build_model, build_optimizer, rmse_loss, wrap_model
     from .precision import autocast, make_scaler, resolve_precision
@@ -78,9 +79,7 @@ def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockste
     model = build_model(0).to(device)
     if launch is not None:
         model = wrap_model(model, device, launch.world_size)
-        if mpi_hook:
-            from .comm_hook import register_mpi_hook
-
+        if comm == "mpi":  # resolve_comm picks mpi only for more than one rank
             register_mpi_hook(model)
     optimizer = build_optimizer(model, 1e-4, (0.0, 0.99))
     scaler = make_scaler(precision, device)
