@@ -3,8 +3,8 @@
 The embedding API, one function per step (each in the module named for its concern):
 
     from ddp_abci import discover_launch, distributed, build_model, wrap_model, build_loader
-    launch = discover_launch()                      # launch.py: rank, sizes, rendezvous
-    with distributed(launch) as device:           # process_group.py: NCCL or gloo, torn down on exit
+    launch = discover_launch()                      # dist/launch.py: rank, sizes, rendezvous
+    with distributed(launch) as device:           # dist/process_group.py: NCCL or gloo, torn down on exit
         model = wrap_model(build_model(seed=0), device, launch.world_size)   # model.py
         loader = build_loader(LinspaceDataset(), launch, global_batch=50)      # data.py
         precision = resolve_precision("auto", device)                          # precision.py
@@ -18,20 +18,23 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Launch": "launch", "discover_launch": "launch",
-    "open_process_group": "process_group", "close_process_group": "process_group",
-    "distributed": "process_group", "choose_device": "process_group",
+    "Launch": "dist.launch", "LaunchOptions": "dist.launch", "discover_launch": "dist.launch",
+    "open_process_group": "dist.process_group", "close_process_group": "dist.process_group",
+    "distributed": "dist.process_group", "choose_device": "dist.process_group",
     "LinspaceDataset": "data", "build_loader": "data", "per_rank_batch": "data",
     "SimpleModule": "model", "build_model": "model", "wrap_model": "model", "unwrap": "model",
     "rmse_loss": "model",
     "resolve_precision": "precision", "autocast": "precision", "make_scaler": "precision",
     "save_atomic": "checkpoint", "load_checkpoint": "checkpoint",
-    "TrainConfig": "config", "Trainer": "trainer", "UsageError": "errors", "fit": "job",
-    "RunError": "errors", "Diverged": "errors", "SaveFailed": "errors", "RunPlan": "plan", "plan_run": "plan",
+    "TrainConfig": "config", "SeedJob": "seed_job", "Trainer": "trainer", "UsageError": "errors", "fit": "lifecycle",
+    "RunError": "errors", "Diverged": "errors", "SaveFailed": "errors", "RankFailed": "errors",
+    "RunPlan": "plan", "plan_run": "plan",
     "build_optimizer": "model", "seed_optimizer": "model", "AutoencoderLoss": "model",
-    "ShardBatchSampler": "data", "to_device": "data", "StopRequest": "signals", "EXIT_STOPPED": "signals",
-    "gather": "collectives", "gather_for_metrics": "collectives", "reduce": "collectives",
-    "print_main": "collectives", "wait_for_everyone": "collectives", "main_process_first": "collectives",
+    "ShardBatchSampler": "data", "to_device": "data", "StopRequest": "dist.signals", "EXIT_STOPPED": "dist.signals",
+    "Watchdog": "dist.watchdog", "EXIT_RANK_LOST": "dist.watchdog",
+    "gather": "dist.collectives", "gather_for_metrics": "dist.collectives", "reduce": "dist.collectives",
+    "print_main": "dist.collectives", "print_per_node": "dist.collectives",
+    "wait_for_everyone": "dist.collectives", "main_process_first": "dist.collectives",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -1,11 +1,21 @@
-"""Command-line pieces that both command lines share (ddp_abci.train and ddp_abci.accelerate_variant)."""
+"""The command line, made from the dataclasses' fields: each field carries its flag, help and
+range (options.option), so a flag lives in one place. Shared by every program here
+(ddp_abci.train, the Accelerate and Fabric variants, the textbook script).
+
+Imports nothing heavy: --help and bad flags answer before torch loads.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
+from typing import Any, Iterable, Mapping, TypeVar
 
+from .dist.launch import launched_rank
 from .errors import RunError
-from .launch import launched_rank
+from .options import default_of, flag_of
+
+T = TypeVar("T")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -13,6 +23,39 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:
         self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type, title: str | None = None, *,
+                only: Iterable[str] | None = None, defaults: Mapping[str, Any] | None = None) -> None:
+    """One argument per field of `cls` that has a flag (all, or those named in `only`), its
+    destination the field's name. `defaults` overrides a field's default for this program."""
+    target = parser.add_argument_group(title) if title else parser
+    wanted = set(only) if only is not None else None
+    for f in fields(cls):
+        flag = flag_of(f)
+        if flag is None or (wanted is not None and f.name not in wanted):
+            continue
+        meta, default = f.metadata, (defaults or {}).get(f.name, default_of(f))
+        kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": meta["help"]}
+        if meta.get("negatable"):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif isinstance(default, bool):
+            kwargs["action"] = "store_true"
+        elif isinstance(default, tuple):
+            kwargs.update(nargs=len(default), type=type(default[0]))
+        elif meta.get("kind") or isinstance(default, (int, float)):
+            kwargs["type"] = meta.get("kind") or type(default)
+        if "action" not in kwargs:
+            kwargs["metavar"] = meta.get("metavar") or flag.lstrip("-").upper().replace("-", "_")
+        target.add_argument(flag, **kwargs)
+
+
+def build(cls: type[T], args: argparse.Namespace) -> T:
+    """The dataclass from the parsed flags (fields without a flag keep their defaults);
+    its own checks raise a UsageError naming the field and its flag."""
+    values = {f.name: getattr(args, f.name) for f in fields(cls) if flag_of(f) and hasattr(args, f.name)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return cls(**values)
 
 
 def report(error: RunError) -> int:

@@ -1,15 +1,16 @@
 """Data: the seed's toy dataset, batches of any structure, and the per-rank loader built on DistributedSampler."""
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate, default_convert
 
 from .config import SPLIT_CHOICES as SPLITS
+from .config import name
+from .dist.launch import Launch
 from .errors import UsageError
-from .launch import Launch
 
 
 class LinspaceDataset(Dataset):
@@ -39,15 +40,12 @@ class LinspaceDataset(Dataset):
 def linspace_rows(stops: np.ndarray, dim: int) -> np.ndarray:
     """Row i is np.linspace(0, stops[i], dim) as float32, bit for bit, with numpy's arithmetic
     (k * (stop / (dim - 1)) in float64, the last point set to stop exactly), written straight
-    into the float32 batch. Faster than numpy's batched linspace (24 against 38 us for 25
-    items of 1000, in a loop of fetches), which also switches every row of a batch holding a
-    0 stop to another rounding (its gh-5437 branch), so that rows there could differ from the
-    items; here each row is its item.
+    into the float32 batch. Faster than numpy's batched linspace, which also switches every
+    row of a batch holding a 0 stop to another rounding (its gh-5437 branch), so that rows
+    there could differ from the items; here each row is its item.
 
-    numpy, not torch: between training steps each torch op here cost about 15 us (as_tensor
-    of 25 ints alone: 33 us, against 3 us in a loop of fetches), and this is 0.077 ms a batch
-    of 25 against 0.10 ms for the same arithmetic in torch (2 ranks, each fetch timed between
-    two training steps; 2-core Intel Xeon VM, torch 2.13.0 CPU, 2026-12)."""
+    numpy, not torch: between training steps each small torch op costs more than this whole
+    product (the figures: docs/benchmark.md, "where the per-step time goes")."""
     rows = np.empty((len(stops), dim), dtype=np.float32)
     if dim == 1:
         rows[:] = 0  # np.linspace(0, s, 1) is [0.]
@@ -64,28 +62,59 @@ def seed_datasets(dim_in: int, num_items: int, eval_items: int) -> tuple[Linspac
     return LinspaceDataset(dim_in, train_items), eval_set
 
 
+class CollateFailed(UsageError):
+    """The batch's items could not be made into one batch."""
+
+
 class BatchedView(Dataset):
     """Any map-style dataset seen through `view[list_of_indices]` -> one collated batch.
 
     Items may be tensors, numbers, numpy arrays, or tuples, lists and dicts of them
-    (nested); torch's default_collate stacks them into a batch of the same structure.
-    A dataset that already answers a list of indices with a batch (`batched_getitem =
-    True`, like LinspaceDataset) is used as it is.
+    (nested); torch's default_collate stacks them into a batch of the same structure, or
+    `collate_fn` (variable-length items: pad them there). A dataset that already answers a
+    list of indices with a batch (`batched_getitem = True`, like LinspaceDataset) is used
+    as it is.
     """
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, collate_fn: Callable[[list], Any] | None = None) -> None:
+        self.dataset, self.collate_fn = dataset, collate_fn or default_collate
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, indices: Sequence[int]) -> Any:
-        return default_collate([self.dataset[i] for i in indices])
+        items = [self.dataset[i] for i in indices]
+        try:
+            return self.collate_fn(items)
+        except Exception as e:
+            raise CollateFailed(collate_failure(self.collate_fn, items, indices, e)) from None
 
 
-def batch_fetcher(dataset: Dataset) -> Dataset:
+def collate_failure(collate_fn: Callable, items: list, indices: Sequence[int], error: BaseException) -> str:
+    """One line: which collate failed on which items, and the two items that differ."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    what = getattr(collate_fn, "__name__", type(collate_fn).__name__)
+    k = next((k for k in range(1, len(items)) if _shape(items[k]) != _shape(items[0])), None)
+    where = f"; item {indices[0]} is {_shape(items[0])}, item {indices[k]} is {_shape(items[k])}" if k else ""
+    fix = ("pass collate_fn= (e.g. one that pads the items to one length) or make the items the same size"
+           if k else "fix the collate function or the items it is given")
+    return (f"collating items {list(indices)[:8]}{' ...' if len(indices) > 8 else ''} with {what} failed "
+            f"({type(error).__name__}: {text}){where}; {fix}")
+
+
+def _shape(item: Any) -> Any:
+    if isinstance(item, (torch.Tensor, np.ndarray)):
+        return tuple(item.shape)
+    if isinstance(item, (tuple, list)):
+        return tuple(_shape(part) for part in item)
+    if isinstance(item, dict):
+        return {k: _shape(v) for k, v in item.items()}
+    return type(item).__name__
+
+
+def batch_fetcher(dataset: Dataset, collate_fn: Callable[[list], Any] | None = None) -> Dataset:
     """What the loader indexes with each batch's list of indices."""
-    return dataset if getattr(dataset, "batched_getitem", False) else BatchedView(dataset)
+    return dataset if getattr(dataset, "batched_getitem", False) else BatchedView(dataset, collate_fn)
 
 
 def check_item(item: Any, where: str = "item 0") -> None:
@@ -126,10 +155,9 @@ def batch_len(batch: Any) -> int:
 def per_rank_batch(global_batch: int, world_size: int) -> int:
     """--bs is the global batch (the seed's split_batches=True intent); each rank takes its share."""
     if global_batch < 1 or global_batch % world_size:
-        raise UsageError(
-            f"global batch {global_batch} does not divide by world size {world_size}; "
-            f"use a multiple of {world_size}, e.g. --bs {max(1, global_batch // world_size) * world_size}"
-        )
+        raise UsageError(f"{name('global_batch')} {global_batch} does not divide by world size {world_size}; "
+                         f"use a multiple of {world_size}, e.g. global_batch={max(1, global_batch // world_size) * world_size} "
+                         f"(--bs {max(1, global_batch // world_size) * world_size})")
     return global_batch // world_size
 
 
@@ -145,17 +173,22 @@ class ShardBatchSampler(DistributedSampler):
     * contiguous (Accelerate's split_batches): rank r takes the r-th slice of b positions.
 
     Either way, after k global batches the first k*B positions are consumed on every world
-    size W that divides B: skipping k batches on each rank resumes exactly.
+    size W that divides B: skipping k batches on each rank resumes exactly. With drop_last
+    the epoch ends after its last full global batch (nothing is padded then).
     """
 
     def __init__(self, dataset: Dataset, launch: Launch, batch_size: int, *, shuffle: bool = True,
-                 seed: int = 0, split: str = "strided") -> None:
+                 seed: int = 0, split: str = "strided", drop_last: bool = False) -> None:
         if split not in SPLITS:
-            raise UsageError(f"unknown --split {split!r}; use {' or '.join(SPLITS)}")
+            raise UsageError(f"unknown split {split!r}; use {' or '.join(SPLITS)}")
         super().__init__(dataset, num_replicas=launch.world_size, rank=launch.rank, shuffle=shuffle, seed=seed)
         self.batch_size = batch_size
         self.split = split
         self.skip_batches = 0
+        if drop_last:  # whole global batches only: a multiple of the world too, so no padding
+            global_batch = batch_size * launch.world_size
+            self.total_size = len(dataset) // global_batch * global_batch
+            self.num_samples = self.total_size // launch.world_size
 
     def start_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """set_epoch (a new shuffle each epoch; forget it and every epoch repeats epoch 0's
@@ -175,7 +208,7 @@ class ShardBatchSampler(DistributedSampler):
             order = list(range(len(self.dataset)))
         while len(order) < self.total_size:
             order += order[:self.total_size - len(order)]
-        return order
+        return order[:self.total_size]
 
     def shard(self) -> list[int]:
         """This rank's positions of the epoch, in the order they are trained."""
@@ -206,20 +239,23 @@ def build_loader(
     seed: int = 0,
     shuffle: bool = True,
     split: str = "strided",
+    drop_last: bool = False,
     workers: int = 0,
     pin_memory: bool = False,
     persistent_workers: bool = True,
+    collate_fn: Callable[[list], Any] | None = None,
 ) -> DataLoader:
     """Each rank's DataLoader: global_batch/world items a step from a disjoint shard.
 
     The sampler hands out whole batches of indices (batch_size=None tells the DataLoader
-    not to batch again) and `batch_fetcher` turns each into one batch. Call
+    not to batch again) and `batch_fetcher` turns each into one batch (with `collate_fn`
+    for datasets of items). Call
     `loader.sampler.start_epoch(e)` (or `set_epoch(e)`) before every epoch.
     """
     sampler = ShardBatchSampler(dataset, launch, per_rank_batch(global_batch, launch.world_size),
-                                shuffle=shuffle, seed=seed, split=split)
+                                shuffle=shuffle, seed=seed, split=split, drop_last=drop_last)
     return DataLoader(
-        batch_fetcher(dataset),
+        batch_fetcher(dataset, collate_fn),
         batch_size=None,
         sampler=sampler,
         num_workers=workers,
@@ -231,9 +267,8 @@ def build_loader(
 def iterate(loader: DataLoader) -> Iterator[Any]:
     """The loader's batches. Without workers or pinned memory, read from its sampler and
     dataset directly, as its single-process iterator does (fetch, then default_convert)
-    minus its per-batch bookkeeping: 150-180 us a batch between training steps, as much as
-    fetching the batch, most of it a profiler range (record_function, 134 us alone) (2-core
-    AMD EPYC VM, torch 2.13.0 CPU, 2026-12; a step of the seed's job takes 2-3 ms there)."""
+    minus its per-batch bookkeeping, which costs as much as making the seed's batch, most
+    of it a profiler range (docs/benchmark.md)."""
     if loader.num_workers or loader.pin_memory or loader.batch_size is not None:
         return iter(loader)
     return (default_convert(loader.dataset[indices]) for indices in loader.sampler)

@@ -4,8 +4,9 @@ with its own exit status (the job scripts read it to decide whether to resubmit)
     0   done
     2   bad input (UsageError): nothing was trained or written; fix the named setting
     65  diverged (Diverged): the loss or gradients stopped being finite; last good checkpoint kept
+    69  a rank stopped answering within --timeout (dist.watchdog): resubmit with --resume, check the named host
     74  a checkpoint could not be written (SaveFailed): free space or fix the folder, then --resume
-    75  stopped by SIGTERM/SIGUSR1 or --stop-after, checkpoint saved (signals.EXIT_STOPPED): resubmit
+    75  stopped by SIGTERM/SIGUSR1/SIGINT or --stop-after, checkpoint saved (dist.signals.EXIT_STOPPED): resubmit
 """
 
 EXIT_USAGE = 2
@@ -27,6 +28,14 @@ class UsageError(RunError):
 
     Raised before any training starts, so that nothing is written or overwritten.
     """
+
+
+class RankFailed(UsageError):
+    """One rank's own failure (its loss_fn raised, its batch could not be collated): that
+    rank says so, with its rank and host, and ends the job at once (exit 2), without
+    waiting for the others to time out in the next collective."""
+
+    same_on_every_rank = False
 
 
 class Diverged(RunError):

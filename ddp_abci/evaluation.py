@@ -1,14 +1,14 @@
 """Evaluation on a held-out set: no_grad, autocast, every item counted exactly once across ranks."""
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
 from torch.utils.data import Dataset
 
-from .collectives import gather_for_metrics, reduce
 from .data import ShardBatchSampler, batch_fetcher, batch_len, to_device
-from .launch import Launch
+from .dist.collectives import gather_for_metrics, reduce
+from .dist.launch import Launch
 from .model import AutoencoderLoss, LossFn
 from .precision import autocast
 
@@ -16,11 +16,29 @@ from .precision import autocast
 MetricFn = Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
-@torch.no_grad()
+class Shard(NamedTuple):
+    """One rank's evaluation pass, before the ranks combine it."""
+    loss_sum: torch.Tensor            # float64: sum over this rank's items of the batch loss x batch size
+    count: int                        # this rank's items
+    values: dict[str, torch.Tensor]   # metric -> one float64 value per item, in `indices` order
+    indices: list[int]                # this rank's items' dataset indices
+    padded_len: int                   # every rank's padded length (a gather needs equal shapes)
+
+
 def evaluate(model: torch.nn.Module, dataset: Dataset, loss_fn: LossFn, launch: Launch, device: torch.device,
-             precision: str, per_rank_batch: int,
-             metrics: Mapping[str, MetricFn] | None = None) -> tuple[dict[str, float], int]:
+             precision: str, per_rank_batch: int, metrics: Mapping[str, MetricFn] | None = None,
+             collate_fn: Callable | None = None) -> tuple[dict[str, float], int]:
     """({"loss": mean, metric: mean, ...}, how many items counted), the same on every rank.
+    Collective: every rank calls it."""
+    return combine(evaluate_shard(model, dataset, loss_fn, launch, device, precision, per_rank_batch, metrics,
+                                  collate_fn), device)
+
+
+@torch.no_grad()
+def evaluate_shard(model: torch.nn.Module, dataset: Dataset, loss_fn: LossFn, launch: Launch, device: torch.device,
+                   precision: str, per_rank_batch: int, metrics: Mapping[str, MetricFn] | None = None,
+                   collate_fn: Callable | None = None) -> Shard:
+    """This rank's share of the held-out set, evaluated locally (no collective).
 
     The loss is the mean of loss_fn over the items, each batch weighted by its size (exact
     for a per-item-mean loss such as cross-entropy). Each metric is the exact mean of its
@@ -32,7 +50,7 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, loss_fn: LossFn, launch: 
     model.eval()
     sampler = ShardBatchSampler(dataset, launch, per_rank_batch, shuffle=False)
     own = sampler.shard()[:len(range(launch.rank, len(dataset), launch.world_size))]  # no padding
-    fetch = batch_fetcher(dataset)
+    fetch = batch_fetcher(dataset, collate_fn)
     loss_sum, count = torch.zeros((), dtype=torch.float64, device=device), 0
     values: dict[str, list[torch.Tensor]] = {name: [] for name in metrics or {}}
     for first in range(0, len(own), per_rank_batch):
@@ -44,12 +62,19 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, loss_fn: LossFn, launch: 
                 values[name].append(fn(model, batch).detach().double().reshape(-1))
         count += len(idx)
     model.train(was_training)
-    totals = reduce(torch.stack([loss_sum, torch.tensor(float(count), dtype=torch.float64, device=device)]), "sum")
+    empty = torch.zeros(0, dtype=torch.float64, device=device)
+    return Shard(loss_sum, count, {name: torch.cat(parts) if parts else empty for name, parts in values.items()},
+                 own, sampler.num_samples)
+
+
+def combine(shard: Shard, device: torch.device) -> tuple[dict[str, float], int]:
+    """Collective: every rank's shard made into the figures, the same on every rank."""
+    totals = reduce(torch.stack([shard.loss_sum, torch.tensor(float(shard.count), dtype=torch.float64,
+                                                               device=device)]), "sum")
     results = {"loss": (totals[0] / totals[1].clamp(min=1)).item()}
-    indices = torch.tensor(own, device=device)
-    for name, parts in values.items():
-        results[name] = _mean_once(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64, device=device),
-                                   indices, sampler.num_samples)
+    indices = torch.tensor(shard.indices, device=device)
+    for name, values in shard.values.items():
+        results[name] = _mean_once(values, indices, shard.padded_len)
     return results, int(totals[1].item())
 
 

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .comm_hook import resolve_comm
-from .config import TrainConfig
+from .config import COMM_CHOICES, TrainConfig, name
 from .data import per_rank_batch
-from .launch import Launch
+from .dist.launch import Launch
+from .errors import UsageError
+from .options import check_choice
 from .precision import resolve_precision
 
 
@@ -22,7 +23,28 @@ class RunPlan:
 
 
 def plan_run(config: TrainConfig, launch: Launch, device: torch.device) -> RunPlan:
-    """Each choice checked by its own module; a UsageError names the fix."""
+    """Each choice checked by its own function; a UsageError names the fix."""
+    if config.sync_batchnorm and device.type != "cuda":
+        # torch 2.13's SyncBatchNorm.forward raises for CPU tensors whenever a process group
+        # is open (nn/modules/batchnorm.py), even on one rank.
+        raise UsageError(f"{name('sync_batchnorm')} needs GPUs: torch's SyncBatchNorm refuses CPU tensors; on the "
+                         "CPU leave it off (rank 0's BatchNorm statistics are shared before each evaluation and save)")
     return RunPlan(device=device, precision=resolve_precision(config.amp, device),
                    comm=resolve_comm(config.comm, launch, device),
                    per_rank_batch=per_rank_batch(config.global_batch, launch.world_size))
+
+
+def resolve_comm(comm: str, launch: Launch, device: torch.device) -> str:
+    """auto: NCCL on GPUs; MPI on the CPU when mpirun started the job (mpi4py is there); else gloo."""
+    check_choice(name("comm"), comm, COMM_CHOICES)
+    if comm == "auto":
+        if device.type == "cuda":
+            return "nccl"
+        return "mpi" if launch.source == "mpi4py" and launch.world_size > 1 else "gloo"
+    if comm == "mpi" and (device.type != "cpu" or launch.source != "mpi4py"):
+        raise UsageError(f"{name('comm')} mpi needs a CPU job started by mpirun with mpi4py; use comm='auto'")
+    if comm == "nccl" and device.type != "cuda":
+        raise UsageError(f"{name('comm')} nccl needs CUDA GPUs; use comm='auto' on the CPU")
+    if comm == "gloo" and device.type == "cuda":
+        raise UsageError(f"{name('comm')}: gradients on GPUs go through NCCL here; use comm='auto'")
+    return comm

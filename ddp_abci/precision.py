@@ -6,8 +6,8 @@ import contextlib
 import torch
 
 from .config import AMP_CHOICES as CHOICES
-from .config import check_choice
 from .errors import UsageError
+from .options import check_choice
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -1,60 +1,69 @@
 """Preflight: everything a run can check before its first step, so that bad input costs
-no work and overwrites nothing. Rank 0 checks the files; every rank checks its data."""
+no work and overwrites nothing. Rank 0 checks the files; every rank checks its data and
+runs loss_fn once. The functions named share_* are collectives; the rest are local."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from . import checkpoint as ckpt
-from .collectives import broadcast_error, broadcast_object, print_main, raise_if_any_rank_failed
-from .config import TrainConfig
-from .data import batch_fetcher, check_item, to_device
+from . import resume
+from .config import TrainConfig, name
+from .data import batch_fetcher, batch_len, check_item, to_device
+from .dist.collectives import broadcast_error, broadcast_object, print_main, raise_if_any_rank_failed
+from .dist.launch import Launch
 from .errors import UsageError
-from .launch import Launch
-from .model import LossFn
+from .model import LossFn, unwrap
 from .precision import autocast
 from .tracking import check_tensorboard_installed
 
+UNUSED_ADVICE = (f"remove the layer, freeze it (requires_grad_(False)), or set {name('find_unused_parameters')} "
+                 "when a layer is used on some steps or ranks only")
 
-def check_files(config: TrainConfig, launch: Launch, ckpt_file: Path | None,
-                train_items: int) -> tuple[dict | None, Path | None]:
-    """Check the files this run writes, and the checkpoint it resumes: rank 0 decides, all
-    ranks obey. Returns the snapshot to resume from (loaded on every rank) and its file
-    (last.pt, or prev.pt when last.pt is unreadable), or (None, None)."""
-    verdict: list = [None, None]  # [error, file to resume from]
-    checked = None
-    if launch.is_main:
-        try:
-            _check_outputs(config)
-            if ckpt_file is not None:
-                checked, verdict[1] = _checkpoint_to_resume(config, ckpt_file, train_items)
-                _remove_stale_temporaries(ckpt_file.parent)
-        except UsageError as e:
-            verdict[0] = str(e)
-        except Exception as e:  # anything else too: the other ranks wait in the broadcast
-            verdict[0] = f"checking {ckpt_file} failed: {e!r}"
-    error, chosen = broadcast_object(launch, verdict)
+
+def check_files_here(config: TrainConfig, ckpt_file: Path | None, train_items: int) -> list:
+    """Rank 0's part: the files this run writes, and the checkpoint it resumes. Returns
+    [error or None, the file to resume from or None, its snapshot or None]."""
+    try:
+        _check_outputs(config)
+        if ckpt_file is None:
+            return [None, None, None]
+        snapshot, chosen = _checkpoint_to_resume(config, ckpt_file, train_items)
+        _remove_stale_temporaries(ckpt_file.parent)
+        return [None, chosen, snapshot]
+    except UsageError as e:
+        return [str(e), None, None]
+    except Exception as e:  # anything else too: the other ranks wait for this verdict
+        return [f"checking {ckpt_file} failed: {e!r}", None, None]
+
+
+def share_file_check(launch: Launch, here: list | None, config: TrainConfig,
+                     ckpt_file: Path | None) -> tuple[dict | None, Path | None]:
+    """Collective: rank 0's verdict on every rank. Returns the snapshot to resume from
+    (loaded on every rank) and its file (last.pt, or prev.pt when last.pt is unreadable)."""
+    error, chosen = broadcast_object(launch, here[:2] if here else None)
     if error:
         raise UsageError(error)
     if chosen is None:
         if ckpt_file is not None and config.resume:
             print_main(launch, f"resume: no checkpoint at {ckpt_file}; starting fresh")
         return None, None
-    return (checked if checked is not None else ckpt.load_checkpoint(chosen)), Path(chosen)  # rank 0 has it
+    snapshot = here[2] if here else ckpt.load_checkpoint(chosen)  # rank 0 has it already
+    return snapshot, Path(chosen)
 
 
 def _check_outputs(config: TrainConfig) -> None:
     if config.tensorboard:
         check_tensorboard_installed()
         if Path(config.tensorboard).exists() and not Path(config.tensorboard).is_dir():
-            raise UsageError(f"--tensorboard {config.tensorboard} is a file; name a folder")
-    for flag, path in (("--metrics-jsonl", config.metrics_jsonl), ("--summary-json", config.summary_json),
-                       ("--save-model", config.save_model)):
-        error = output_error(flag, path) if path else None
+            raise UsageError(f"{name('tensorboard')} {config.tensorboard} is a file; name a folder")
+    for field in ("metrics_jsonl", "summary_json", "save_model"):
+        path = getattr(config, field)
+        error = output_error(name(field), path, atomic=field == "save_model") if path else None
         if error:
             raise UsageError(error)
 
@@ -63,8 +72,8 @@ def _checkpoint_to_resume(config: TrainConfig, ckpt_file: Path, train_items: int
     """DIR/last.pt checked against this run, or DIR/prev.pt when last.pt cannot be read."""
     ckpt.check_writable(ckpt_file.parent)
     if ckpt_file.exists() and not config.resume:
-        raise ckpt.CheckpointError(f"{ckpt_file} exists and would be overwritten; pass --resume to continue it, "
-                                   "or choose another --ckpt-dir")
+        raise ckpt.CheckpointError(f"{ckpt_file} exists and would be overwritten; pass --resume (resume=True) to "
+                                   "continue it, or choose another --ckpt-dir")
     if not (config.resume and ckpt_file.exists()):
         return None, None
     chosen = ckpt_file
@@ -77,7 +86,7 @@ def _checkpoint_to_resume(config: TrainConfig, ckpt_file: Path, train_items: int
         snapshot, chosen = ckpt.load_checkpoint(previous), previous
         print(f"resume: {ckpt_file} cannot be used ({str(e).split(';')[0]}); falling back to {previous}, "
               "the checkpoint before it", flush=True)
-    check_resumable(snapshot, config, train_items, chosen)
+    resume.check_contract(snapshot, config, train_items, chosen)
     return snapshot, str(chosen)
 
 
@@ -88,22 +97,22 @@ def _remove_stale_temporaries(ckpt_dir: Path) -> None:
               f"{', '.join(p.name for p in stale)}", flush=True)
 
 
-def check_disk_space(launch: Launch, ckpt_dir: Path | None, model: torch.nn.Module) -> None:
-    """Rank 0 refuses a --ckpt-dir without room for two checkpoints, before the first step."""
+def share_disk_check(launch: Launch, ckpt_dir: Path | None, model: torch.nn.Module) -> None:
+    """Collective: rank 0 refuses a --ckpt-dir without room for two checkpoints."""
     error = None
     if ckpt_dir is not None and launch.is_main:
         error = ckpt.disk_space_error(ckpt_dir, ckpt.estimated_bytes(model))
     broadcast_error(launch, error)
 
 
-def output_error(flag: str, path: str) -> str | None:
+def output_error(flag: str, path: str, atomic: bool = False) -> str | None:
     """Why `path` could not be written at the end of the run, or None; nothing is created.
-    --save-model is renamed into place (atomically), so it must be a regular file or new:
-    renaming over /dev/null would replace the device itself."""
+    An atomic output is renamed into place, so it must be a regular file or new: renaming
+    over /dev/null would replace the device itself."""
     target = Path(path)
     if target.is_dir():
         return f"{flag} {path} is a folder; name a file"
-    if flag == "--save-model" and target.exists() and not target.is_file():
+    if atomic and target.exists() and not target.is_file():
         return f"{flag} {path} is not a regular file and would be replaced; name a file"
     if not target.parent.is_dir():
         return f"{flag} {path}: the folder {target.parent} does not exist; create it or choose another path"
@@ -112,64 +121,81 @@ def output_error(flag: str, path: str) -> str | None:
     return None
 
 
-def check_resumable(snapshot: dict, config: TrainConfig, train_items: int, ckpt_file: Path) -> None:
-    """The resume contract: what must not change for the continuation to be exact (the
-    world size, epochs, --max-steps, hyper-parameters and logging may)."""
-    saved = snapshot.get("config", {})
-    fixed = [("--bs", snapshot["global_batch"], config.global_batch, "an exact resume needs the same global batch"),
-             ("--seed", saved.get("seed", config.seed), config.seed, "the rest of the epoch must be shuffled alike"),
-             ("--split", saved.get("split", "strided"), config.split, "each rank must see the batches it would have")]
-    for flag, before, now, why in fixed:
-        if before != now:
-            raise ckpt.CheckpointError(f"{ckpt_file} was written with {flag} {before}, this run has {now}: {why}; "
-                                       f"resume with {flag} {before}, or use another --ckpt-dir")
-    before = snapshot.get("train_items", train_items)
-    if before != train_items:
-        seed_data = (f"--num-items {saved['num_items']} --eval-every {saved.get('eval_every', 0)}"
-                     if "num_items" in saved else "the same dataset")
-        raise ckpt.CheckpointError(f"{ckpt_file} was written with {before} training items, this run has {train_items}: "
-                                   f"the epoch must be the same; resume with {seed_data} for the seed's data (or "
-                                   "the same training set), or use another --ckpt-dir")
-
-
 def check_data(train_set: Dataset, eval_set: Dataset | None, config: TrainConfig, launch: Launch) -> None:
-    """Sizes that would train something other than what the log says, and item types
-    that the collate cannot batch."""
+    """Local: sizes that would train something other than what the log says, and datasets
+    that the sampler cannot share out or the collate cannot batch."""
     world = launch.world_size
-    for name, dataset in (("training set", train_set), ("evaluation set", eval_set)):
+    for what, dataset in (("training set", train_set), ("evaluation set", eval_set)):
         if dataset is None:
             continue
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            raise UsageError(f"the {what} is a {type(dataset).__name__} without random access: DistributedSampler "
+                             "shares a dataset out by index and needs its length; give a map-style Dataset "
+                             "(__len__ and __getitem__), e.g. a TensorDataset or a list of items")
         n = len(dataset)
         if n < world:
-            raise UsageError(f"the {name} has {n} items for {world} ranks: every rank needs at least one; "
-                             f"use more items (--num-items) or fewer ranks")
+            raise UsageError(f"the {what} has {n} items for {world} ranks: every rank needs at least one; "
+                             f"use more items (num_items, --num-items, for the seed's data) or fewer ranks")
         check_item(dataset[0], "item 0")
     if config.global_batch > len(train_set):
-        raise UsageError(f"global batch {config.global_batch} is larger than the training set "
-                         f"({len(train_set)} items); use --bs {len(train_set) // world * world} or less")
+        raise UsageError(f"{name('global_batch')} {config.global_batch} is larger than the training set "
+                         f"({len(train_set)} items); use {len(train_set) // world * world} or less")
 
 
 def dry_run(model: torch.nn.Module, train_set: Dataset, loss_fn: LossFn, precision: str, device: torch.device,
-            per_rank_batch: int) -> None:
-    """Call loss_fn once on a first batch, in eval mode without gradients (no weights,
-    buffers or RNG change), and check that it gives a finite-typed scalar. Every rank
-    does it, and a failure on any one stops them all with its message."""
-    error = None
+            per_rank_batch: int, *, collate_fn: Callable | None = None, find_unused: bool = False,
+            eval_set: Dataset | None = None, metrics: Mapping[str, Callable] | None = None) -> str | None:
+    """Local: one forward and backward of loss_fn on a first batch, as training will run
+    it; weights, buffers, gradients and the RNG are put back as they were. Returns what
+    is wrong, in one line, or None: the loss is not a scalar or not connected to the
+    model, a trainable parameter got no gradient (DDP would stop at the second step), a
+    metric does not give one value per item."""
+    snapshot = _state_of(model)
     try:
-        batch = to_device(batch_fetcher(train_set)[list(range(min(per_rank_batch, len(train_set))))], device)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad(), autocast(precision, device):
-                loss = loss_fn(model, batch)
-        finally:
-            model.train(was_training)
-        error = _not_a_scalar(loss)
+        fetch = batch_fetcher(train_set, collate_fn)
+        batch = to_device(fetch[list(range(min(per_rank_batch, len(train_set))))], device)
+        with autocast(precision, device):
+            loss = loss_fn(model, batch)
+        error = _not_a_scalar(loss) or _not_connected(loss, model)
+        if error is None:
+            loss.backward()
+            error = None if find_unused else _unused(model)
+        if error is None and metrics and eval_set is not None:
+            error = _bad_metric(model, batch_fetcher(eval_set, collate_fn), eval_set, metrics, precision, device,
+                                per_rank_batch)
     except Exception as e:
-        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        error = (f"loss_fn(model, batch) raised {type(e).__name__}: {text} on a first batch; "
+        error = (f"loss_fn(model, batch) raised {type(e).__name__}: {_first_line(e)} on a first batch; "
                  "fix the loss function, or the model or dataset it is given")
+    finally:
+        _restore(model, snapshot)
+    return error
+
+
+def share_dry_run(error: str | None) -> None:
+    """Collective: a failed dry run on any rank stops every rank with its message."""
     raise_if_any_rank_failed(error)
+
+
+def _state_of(model: torch.nn.Module) -> dict:
+    return {"training": model.training, "buffers": [b.detach().clone() for b in model.buffers()],
+            "rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available()
+            else None}
+
+
+def _restore(model: torch.nn.Module, state: dict) -> None:
+    with torch.no_grad():
+        for buffer, saved in zip(model.buffers(), state["buffers"]):
+            buffer.copy_(saved)
+    for p in model.parameters():
+        p.grad = None
+    model.train(state["training"])
+    torch.set_rng_state(state["rng"])
+    if state["cuda_rng"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
 def _not_a_scalar(loss: Any) -> str | None:
@@ -178,4 +204,38 @@ def _not_a_scalar(loss: Any) -> str | None:
     if loss.dim() != 0 or not loss.is_floating_point():
         return (f"loss_fn returned a {loss.dtype} tensor of shape {tuple(loss.shape)}; return one floating "
                 "scalar (reduce it with .mean() or .sum())")
+    return None
+
+
+def _not_connected(loss: torch.Tensor, model: torch.nn.Module) -> str | None:
+    if loss.requires_grad:
+        return None
+    if not any(p.requires_grad for p in model.parameters()):
+        return "the model has no trainable parameters (every one has requires_grad=False); unfreeze what should train"
+    return ("loss_fn returned a loss with no gradient: it was detached (.detach(), .item(), torch.no_grad()) or "
+            "computed without the model's output; compute it from model(...) and return the tensor")
+
+
+def _unused(model: torch.nn.Module) -> str | None:
+    unused = [n for n, p in unwrap(model).named_parameters() if p.requires_grad and p.grad is None]
+    if not unused:
+        return None
+    shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+    return (f"trainable parameters got no gradient from loss_fn on a first batch: {shown}; DDP would stop at the "
+            f"second step; {UNUSED_ADVICE}")
+
+
+def _bad_metric(model: torch.nn.Module, fetch: Any, eval_set: Dataset, metrics: Mapping[str, Callable],
+                precision: str, device: torch.device, per_rank_batch: int) -> str | None:
+    batch = to_device(fetch[list(range(min(per_rank_batch, len(eval_set))))], device)
+    items = batch_len(batch)
+    model.eval()
+    with torch.no_grad(), autocast(precision, device):
+        for metric, fn in metrics.items():
+            value = fn(model, batch)
+            if not isinstance(value, torch.Tensor) or value.numel() != items:
+                got = (f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                       else f"a {type(value).__name__}")
+                return (f"metric {metric!r} returned {got} for a batch of {items} items; return one value per item "
+                        "(e.g. (pred == y).float(), not its mean): the evaluation averages them over every item")
     return None

@@ -6,8 +6,8 @@ import math
 import torch
 
 from .config import SCHEDULE_CHOICES as SCHEDULES
-from .config import check_choice
 from .errors import UsageError
+from .options import check_choice
 
 
 class WarmupThen:

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from ddp_abci.rendezvous import free_port
+from ddp_abci.dist.rendezvous import free_port
 from helpers import PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, on_ranks, run
 
 pytest.importorskip("accelerate", reason="accelerate comes with the test extra: scripts/setup.sh installs it")
@@ -41,7 +41,7 @@ def test_the_variant_ends_gloos_threads_before_exit():
 
 
 def test_the_ddp_floor_trains_through_ddp_with_the_mpi_hook_and_frees_the_group():
-    proc = run([*on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.bench_probes"),
+    proc = run([*on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.compare.probes"),
                 "floor", "--bs", "25", "--threads", "1", "--ddp", "--steps", "25"])
     assert_clean(proc)
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
@@ -120,7 +120,7 @@ def test_a_failing_side_is_reported_as_failed_not_as_a_number(tmp_path):
 
 
 def test_a_probe_reports_the_whole_loops_mean_and_its_fastest_block(monkeypatch):
-    from ddp_abci import bench_probes
+    from ddp_abci.compare import probes as bench_probes
 
     clock = iter(range(20))  # 5 blocks of 4 calls; a neighbour slows the first block's calls 5×
     now = [0.0]
@@ -135,7 +135,7 @@ def test_a_probe_reports_the_whole_loops_mean_and_its_fastest_block(monkeypatch)
 
 
 def test_the_lockstep_floor_is_the_median_of_its_rounds_and_the_ratio_is_per_rank():
-    from ddp_abci.bench import median_floor, ratios
+    from ddp_abci.compare.bench import median_floor, ratios
 
     rounds = [{"samples_per_s": rate, "step_ms": 25e3 / rate, "threads": 1} for rate in (9000.0, 6000.0, 8000.0)]
     floor = median_floor(rounds)
@@ -147,7 +147,7 @@ def test_the_lockstep_floor_is_the_median_of_its_rounds_and_the_ratio_is_per_ran
 
 
 def test_the_ddp_floor_is_compared_with_the_raw_side_and_with_the_lockstep_floor():
-    from ddp_abci.bench import ratios
+    from ddp_abci.compare.bench import ratios
 
     raw = {"samples_per_s": 13600.0, "world_size": 2, "wall_s": 1.0}
     out = ratios({"raw": raw, "accelerate": raw}, {"floor_lockstep": {"samples_per_s": 8000.0},
@@ -157,10 +157,10 @@ def test_the_ddp_floor_is_compared_with_the_raw_side_and_with_the_lockstep_floor
 
 
 def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks():
-    floor = run([PYTHON, "-m", "ddp_abci.bench_probes", "floor", "--bs", "50", "--steps", "25"])
+    floor = run([PYTHON, "-m", "ddp_abci.compare.probes", "floor", "--bs", "50", "--steps", "25"])
     assert floor.returncode == 0, floor.stdout
     assert json.loads(floor.stdout.splitlines()[-1])["samples_per_s"] > 0
-    on_two = on_ranks(2, "-m", "ddp_abci.bench_probes")
+    on_two = on_ranks(2, "-m", "ddp_abci.compare.probes")
     lockstep = run([*on_two, "floor", "--bs", "25", "--threads", "1", "--lockstep", "--steps", "25"])
     assert lockstep.returncode == 0, lockstep.stdout
     assert json.loads(lockstep.stdout.splitlines()[-1])["step_ms"] > 0

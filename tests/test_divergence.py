@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from ddp_abci.signals import StopRequest
-from ddp_abci.stopping import FP16_SKIPS, GRAD_NORM, LOSS, OK, StopAgreement
+from ddp_abci.dist.signals import StopRequest
+from ddp_abci.dist.stopping import FP16_SKIPS, GRAD_NORM, LOSS, OK, StopAgreement
 from helpers import assert_clean, load, run_mpi, train
 
 pytestmark = pytest.mark.usefixtures("mpirun_available")

@@ -109,12 +109,14 @@ def test_an_fp16_overflow_skips_the_step_and_leaves_weights_optimizer_and_schedu
     # GradScaler("cpu") drive the same Trainer code that runs on GPUs. A scale of 2**127
     # makes the scaled loss overflow float32, as a too-high scale does on a GPU.
     from ddp_abci.config import TrainConfig
-    from ddp_abci.launch import discover_launch
+    from ddp_abci.dist.launch import discover_launch
+    from ddp_abci.seed_job import SeedJob
     from ddp_abci.trainer import Trainer
 
-    config = TrainConfig(num_items=100, global_batch=50, warmup_steps=4, clip_norm=1.0)
-    trainer = Trainer(config, discover_launch(environ={}), torch.device("cpu"))
+    config = TrainConfig(global_batch=50, warmup_steps=4, clip_norm=1.0)
+    trainer = Trainer(config, discover_launch(environ={}), torch.device("cpu"), seed_job=SeedJob(num_items=100))
     trainer.precision, trainer.scaler = "fp16", torch.amp.GradScaler("cpu", init_scale=2.0**127)
+    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 2.0**127  # the fp16 path, scaler on
     batch = next(iter(trainer.loader))
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     lr = trainer.optimizer.param_groups[0]["lr"]

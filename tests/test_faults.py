@@ -130,7 +130,7 @@ def _one_error_line(out: str) -> str:
 def test_an_unknown_precision_is_one_line_naming_the_choices():
     proc = train("--amp", "fp8")
     assert proc.returncode == 2
-    assert "use --amp one of auto, no, fp16, bf16" in _one_error_line(proc.stdout)
+    assert "unknown amp (--amp) 'fp8'; use one of auto, no, fp16, bf16" in _one_error_line(proc.stdout)
 
 
 def test_fp16_without_a_gpu_is_refused_before_work():
@@ -148,7 +148,7 @@ def finished_checkpoint(tmp_path):
 def test_an_existing_checkpoint_is_not_overwritten_without_resume(finished_checkpoint):
     before = finished_checkpoint.read_bytes()
     proc = run_mpi(2, *SMALL, "--ckpt-dir", str(finished_checkpoint.parent))
-    assert "pass --resume to continue it" in _one_error_line(proc.stdout)
+    assert "pass --resume (resume=True) to continue it" in _one_error_line(proc.stdout)
     assert finished_checkpoint.read_bytes() == before
 
 

@@ -10,6 +10,7 @@ so that an accepted huge --epochs costs nothing.
 import contextlib
 import hashlib
 import io
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddp_abci import train as cli
+from ddp_abci.config import TrainConfig
+from ddp_abci.dist.launch import LaunchOptions
+from ddp_abci.options import default_of, flag_of
+from ddp_abci.seed_job import SeedJob
 from ddp_abci.trainer import Trainer
 from helpers import assert_clean, train
 
@@ -25,17 +30,12 @@ EXAMPLES = 100  # about 30 s here; CI's budget for this test is a minute
 # exercise the later checks (launch, files, data, model) too.
 INTS = ["1", "2", "7", "50"] * 3 + ["0", "-1", "1000000", "10" * 20, "nan", "1.5", "", "abc", "inf", "0x10"]
 FLOATS = ["1e-05", "0.5", "3"] * 3 + ["0", "-1", "nan", "inf", "-inf", "1e10", "1e400", "", "x"]
-CHOICES = {"--amp": ["auto", "no", "fp16", "bf16"], "--comm": ["auto", "mpi", "gloo", "nccl"],
-           "--loss": ["rmse", "mse"], "--schedule": ["constant", "cosine"], "--split": ["strided", "contiguous"]}
 HOSTILE_CHOICES = ["", "FP16", "bogus", "-1"]
-INT_FLAGS = ["--epochs", "--bs", "--seed", "--workers", "--max-steps", "--stop-check-every", "--dim-in",
-             "--dim-hidden", "--num-items", "--accum", "--eval-every", "--warmup-steps", "--max-skipped-steps",
-             "--master-port"]
-FLOAT_FLAGS = ["--lr", "--timeout", "--log-every", "--clip-norm"]
-BOOL_FLAGS = ["--pin-memory", "--persistent-workers", "--fused-adam"]
-SWITCHES = ["--resume", "--compile"]
-PATH_FLAGS = ["--summary-json", "--save-model", "--metrics-jsonl"]
+# Text options that are neither paths nor choices: the values a user (or a typo) gives them.
+TEXTS = {"master_addr": ["127.0.0.1"] * 3 + ["", "256.1.1.1", "no.such.host.invalid"],
+         "interface": ["lo", "nope0", ""]}
 UNKNOWN = ["--bogus", "-x", "--lr=", "stray", "--epochs=2=3", "--"]
+OPTIONS = [f for cls in (TrainConfig, SeedJob, LaunchOptions) for f in fields(cls) if flag_of(f)]
 
 
 def paths(root: Path, kind: str) -> st.SearchStrategy:
@@ -46,24 +46,38 @@ def paths(root: Path, kind: str) -> st.SearchStrategy:
     return st.sampled_from(base)
 
 
-def argument(root: Path) -> st.SearchStrategy:
-    def flag_value(flag, values):
+def values_for(f, root: Path) -> st.SearchStrategy:
+    """Every flag's arguments, from what its field says it takes."""
+    flag, meta, default = flag_of(f), f.metadata, default_of(f)
+
+    def with_value(values):
         return st.tuples(st.just(flag), values).map(list)
 
-    options = [flag_value(f, st.sampled_from(INTS)) for f in INT_FLAGS]
-    options += [flag_value(f, st.sampled_from(FLOATS)) for f in FLOAT_FLAGS]
-    options += [flag_value(f, st.sampled_from(v * 3 + HOSTILE_CHOICES)) for f, v in CHOICES.items()]
-    options += [st.sampled_from([[f], ["--no-" + f[2:]]]) for f in BOOL_FLAGS]
-    options += [st.just([s]) for s in SWITCHES]
-    options += [flag_value(f, paths(root, "file")) for f in PATH_FLAGS]
-    options += [flag_value("--ckpt-dir", paths(root, "dir"))]
-    options += [st.tuples(st.just("--betas"), st.sampled_from(FLOATS), st.sampled_from(FLOATS)).map(list),
-                st.tuples(st.just("--betas"), st.sampled_from(FLOATS)).map(list)]  # one value too few
-    addresses = ["127.0.0.1"] * 3 + ["", "256.1.1.1", "no.such.host.invalid"]
-    options += [flag_value("--master-addr", st.sampled_from(addresses)),
-                flag_value("--interface", st.sampled_from(["lo", "nope0", ""])),
-                st.sampled_from([[u] for u in UNKNOWN])]
-    return st.one_of(options)
+    if meta.get("choices"):
+        return with_value(st.sampled_from(list(meta["choices"]) * 3 + HOSTILE_CHOICES))
+    if meta.get("path"):
+        return with_value(paths(root, "dir" if f.name == "ckpt_dir" else "file"))
+    if meta.get("negatable"):
+        return st.sampled_from([[flag], ["--no-" + flag[2:]]])
+    if isinstance(default, bool):
+        return st.just([flag])
+    if isinstance(default, tuple):  # --betas B1 B2, and one value too few
+        return st.one_of(st.tuples(st.just(flag), *[st.sampled_from(FLOATS)] * len(default)).map(list),
+                         st.tuples(st.just(flag), st.sampled_from(FLOATS)).map(list))
+    kind = meta.get("kind") or type(default)
+    if kind in (int, float):
+        return with_value(st.sampled_from(INTS if kind is int else FLOATS))
+    return with_value(st.sampled_from(TEXTS[f.name]))  # a new text option: say here what to try on it
+
+
+def argument(root: Path) -> st.SearchStrategy:
+    return st.one_of([values_for(f, root) for f in OPTIONS] + [st.sampled_from([[u] for u in UNKNOWN])])
+
+
+def test_every_flag_of_every_field_is_fuzzed(tmp_path):
+    for f in OPTIONS:
+        values_for(f, tmp_path)  # a field the strategies do not know raises here
+    assert {"--stop-after", "--tensorboard", "--drop-last", "--find-unused-parameters"} <= {flag_of(f) for f in OPTIONS}
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -83,7 +97,7 @@ def root(tmp_path_factory):
 def run_in_process(argv: list[str], monkeypatch) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "run", lambda self, stop=None: 0)
+        m.setattr(Trainer, "run", lambda self: 0)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 status = cli.main(argv)

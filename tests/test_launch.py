@@ -3,9 +3,9 @@ import socket
 
 import pytest
 
-from ddp_abci import launch as launch_mod
-from ddp_abci.launch import LaunchError, discover_launch
-from ddp_abci.rendezvous import AddressUnusable, check_bindable, interface_address, routable_address
+from ddp_abci.dist import launch as launch_mod
+from ddp_abci.dist.launch import LaunchError, discover_launch
+from ddp_abci.dist.rendezvous import AddressUnusable, check_bindable, interface_address, routable_address
 
 
 @pytest.fixture

@@ -78,7 +78,8 @@ def test_a_batch_that_does_not_divide_is_one_line_before_any_work():
     proc = run_mpi(2, "--bs", "51")
     assert proc.returncode != 0
     errors = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
-    assert errors == ["error: global batch 51 does not divide by world size 2; use a multiple of 2, e.g. --bs 50"]
+    assert errors == ["error: global_batch (--bs) 51 does not divide by world size 2; use a multiple of 2, "
+                      "e.g. global_batch=50 (--bs 50)"]
     assert "training:" not in proc.stdout
 
 

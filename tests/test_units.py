@@ -10,10 +10,10 @@ from ddp_abci import checkpoint as ckpt
 from ddp_abci.config import TrainConfig
 from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, iterate, per_rank_batch
 from ddp_abci.errors import UsageError
-from ddp_abci.launch import Launch
+from ddp_abci.dist.launch import Launch
 from ddp_abci.model import SimpleModule
 from ddp_abci.precision import make_scaler, resolve_precision
-from ddp_abci.signals import StopRequest
+from ddp_abci.dist.signals import StopRequest
 
 CPU = torch.device("cpu")
 
@@ -65,7 +65,7 @@ def test_the_global_batch_is_split_over_the_ranks():
 
 
 def test_a_batch_that_does_not_divide_names_both_numbers():
-    with pytest.raises(UsageError, match="global batch 50 does not divide by world size 3"):
+    with pytest.raises(UsageError, match=r"global_batch \(--bs\) 50 does not divide by world size 3"):
         per_rank_batch(50, 3)
 
 
@@ -226,8 +226,8 @@ def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_fp16(monkeypatch)
 def test_an_nccl_error_at_init_is_a_backend_failure_not_a_rendezvous_one(monkeypatch):
     import torch.distributed as dist
 
-    from ddp_abci.launch import Launch
-    from ddp_abci.process_group import BackendFailed, open_process_group
+    from ddp_abci.dist.launch import Launch
+    from ddp_abci.dist.process_group import BackendFailed, open_process_group
 
     def fail(*args, **kwargs):
         raise dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp, unhandled cuda error")
@@ -242,7 +242,7 @@ def test_an_nccl_error_at_init_is_a_backend_failure_not_a_rendezvous_one(monkeyp
 def test_torch_loads_with_the_collector_paused_and_its_state_is_restored(enabled_before):
     import gc
 
-    from ddp_abci.job import collector_paused
+    from ddp_abci.lifecycle import collector_paused
 
     (gc.enable if enabled_before else gc.disable)()
     try:

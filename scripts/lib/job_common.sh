@@ -214,14 +214,34 @@ explain_exit() {
     case "$1" in
         75) echo "job $JOB_NUM: stopped early with a checkpoint; resubmit with the same CKPT_DIR to continue" ;;
         65) echo "job $JOB_NUM: diverged; the last good checkpoint is kept; do not resubmit as is: lower --lr or add --clip-norm" ;;
+        69) echo "job $JOB_NUM: a rank stopped answering (named above, with its host); the last checkpoint is intact: resubmit with the same CKPT_DIR, and check that host" ;;
         74) echo "job $JOB_NUM: a checkpoint could not be written (disk full, quota, folder); free space, then resubmit" ;;
         2) echo "job $JOB_NUM: refused before training (bad setting, named above); fix it, then resubmit" ;;
     esac
 }
 
-# Start mpirun and wait. SIGTERM at walltime is turned into SIGUSR1 for mpirun: Open MPI
-# forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM it forwards, then
-# ends the job and its output (ranks' last lines lost, a slow checkpoint cut short).
+# Run CMD and wait for it, turning stop signals into SIGUSR1 for it. Open MPI's mpirun
+# forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM or Ctrl-C it kills
+# them within half a second, their last lines unprinted (measured: docs/reliability.md).
+# CMD runs in its own process group (set -m), so a terminal's Ctrl-C reaches this shell
+# only; a second Ctrl-C ends CMD at once. Returns CMD's exit status.
+run_stoppable() {
+    set -m
+    "$@" &
+    local pid=$! rc=0 interrupted=""
+    set +m
+    trap 'kill -USR1 "$pid" 2>/dev/null' TERM USR1
+    trap 'if [ -n "$interrupted" ]; then kill -TERM "$pid" 2>/dev/null; fi; interrupted=1; kill -USR1 "$pid" 2>/dev/null' INT
+    wait "$pid" || rc=$?
+    while kill -0 "$pid" 2>/dev/null; do  # a trapped signal interrupts wait: wait again
+        rc=0
+        wait "$pid" || rc=$?
+    done
+    trap - TERM USR1 INT
+    return "$rc"
+}
+
+# Start mpirun and wait (run_stoppable), then say what its exit status means.
 launch_training() {
     local per_node=$PER_NODE np=$(( ${#NODES[@]} * PER_NODE ))
     rank_command
@@ -231,7 +251,7 @@ launch_training() {
     forward_env
     # shellcheck disable=SC2206
     local extra_mpi=(${MPI_ARGS:-})
-    local cmd=("${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" "${MAP[@]}"
+    local cmd=("${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" --stdin none "${MAP[@]}"
         "${FORWARD[@]}" "${extra_mpi[@]}" "${RANK_CMD[@]}" "${TRAIN[@]}" "$@")
     echo "job $JOB_NUM: ${#NODES[@]} node(s) x $per_node rank(s) = $np, container ${CONTAINER}," \
         "${OMP_NUM_THREADS:-?} thread(s) per rank"
@@ -240,15 +260,8 @@ launch_training() {
         rm -f "$HOSTFILE"
         return 0
     fi
-    "${cmd[@]}" &
-    local pid=$! rc=0
-    trap 'kill -USR1 "$pid" 2>/dev/null' TERM USR1
-    wait "$pid" || rc=$?
-    while kill -0 "$pid" 2>/dev/null; do  # a trapped signal interrupts wait: wait again
-        rc=0
-        wait "$pid" || rc=$?
-    done
-    trap - TERM USR1
+    local rc=0
+    run_stoppable "${cmd[@]}" || rc=$?
     rm -f "$HOSTFILE"
     explain_exit "$rc"
     return "$rc"

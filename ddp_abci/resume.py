@@ -1,4 +1,4 @@
-"""What a checkpoint holds for the Trainer, and how a resume puts it back.
+"""What a checkpoint holds for the Trainer, what a resume must keep, and how it puts it back.
 
 On resume the run's position, weights, optimizer state (Adam's moments and step counts),
 GradScaler, schedule position and RNG come from the checkpoint; the hyper-parameters come
@@ -7,11 +7,13 @@ divergence is exactly what a user resumes for. Each one that changed is named.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import checkpoint as ckpt
+from .config import TrainConfig, name
 from .model import unwrap
 
 HYPER = ("lr", "betas", "momentum", "weight_decay", "eps")  # named in the resume line when changed
@@ -20,7 +22,8 @@ RUN_HYPER = (("clip_norm", "--clip-norm"), ("schedule", "--schedule"), ("warmup_
 
 
 def make_snapshot(trainer: Any, rng_per_rank: list[dict]) -> dict[str, Any]:
-    """The checkpoint's keys (documented in checkpoint.py; other tools read them)."""
+    """The checkpoint's keys (documented in checkpoint.py; other tools read them). `config`
+    holds TrainConfig's fields and, for the seed's job, its own (num_items, dim_in, ...)."""
     return {
         "format": ckpt.FORMAT,
         "model": unwrap(trainer.model).state_dict(),
@@ -33,7 +36,7 @@ def make_snapshot(trainer: Any, rng_per_rank: list[dict]) -> dict[str, Any]:
         "global_batch": trainer.config.global_batch,
         "train_items": len(trainer.train_set),
         "world_size": trainer.launch.world_size,
-        "config": trainer.config.to_dict(),
+        "config": {**trainer.config.to_dict(), **trainer.job_settings},
         "rng": rng_per_rank[0],
         "rng_per_rank": rng_per_rank,
     }
@@ -94,3 +97,24 @@ def _show(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"({', '.join(_show(v) for v in value)})"
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+def check_contract(snapshot: dict, config: TrainConfig, train_items: int, ckpt_file: Path) -> None:
+    """The resume contract: what must not change for the continuation to be exact (the
+    world size, epochs, --max-steps, hyper-parameters and logging may)."""
+    saved = snapshot.get("config", {})
+    fixed = [("global_batch", snapshot["global_batch"], "an exact resume needs the same global batch"),
+             ("seed", saved.get("seed", config.seed), "the rest of the epoch must be shuffled alike"),
+             ("split", saved.get("split", "strided"), "each rank must see the batches it would have"),
+             ("drop_last", saved.get("drop_last", False), "the epoch must hold the same batches")]
+    for field, before, why in fixed:
+        now = getattr(config, field)
+        if before != now:
+            raise ckpt.CheckpointError(f"{ckpt_file} was written with {name(field)} {before}, this run has {now}: "
+                                       f"{why}; resume with {before}, or use another --ckpt-dir")
+    before = snapshot.get("train_items", train_items)
+    if before != train_items:
+        seed_data = (f"--num-items {saved['num_items']} --eval-every {saved.get('eval_every', 0)}"
+                     if "num_items" in saved else "the same training set")
+        raise ckpt.CheckpointError(f"{ckpt_file} was written with {before} training items, this run has {train_items}: "
+                                   f"the epoch must be the same; resume with {seed_data}, or use another --ckpt-dir")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .comm_hook import mpi_max_vector
+from .mpi_hook import mpi_max_vector
 from .signals import DEADLINE, StopRequest
 
 # What went wrong, in the order MAX prefers: any rank's divergence beats a stop signal.
@@ -72,8 +72,9 @@ class StopAgreement:
         return (f"deadline: --stop-after stops, saves and exits 75 with at least {self.reserve_s():.1f}s to spare "
                 f"(twice the longest save and check interval, measured as the run goes), {left:.0f}s from now")
 
-    def due(self, step: int, boundary: bool) -> bool:
-        return boundary or step % self.every == 0
+    def due(self, step: int) -> bool:
+        """A check step (the trainer also agrees at every save point)."""
+        return step % self.every == 0
 
     def agree(self, step: int, epoch_loss_sum: torch.Tensor) -> Verdict:
         """The verdict every rank shares. `epoch_loss_sum` is the epoch's running sum of step

@@ -1,11 +1,11 @@
 """Benchmark probes: what this machine allows, measured the same way the trainers run.
 
-    python -m ddp_abci.bench_probes floor --bs 50            # one process, data in memory
-    mpirun -n 2 python -m ddp_abci.bench_probes floor --bs 25 --threads 1 --lockstep
+    python -m ddp_abci.compare.probes floor --bs 50            # one process, data in memory
+    mpirun -n 2 python -m ddp_abci.compare.probes floor --bs 25 --threads 1 --lockstep
                                                              # every rank at once, gradients all-reduced
-    mpirun -n 2 python -m ddp_abci.bench_probes floor --bs 25 --threads 1 --ddp
+    mpirun -n 2 python -m ddp_abci.compare.probes floor --bs 25 --threads 1 --ddp
                                                              # the same through DDP, as the trainer runs it
-    mpirun -n 2 python -m ddp_abci.bench_probes allreduce    # the gradient all-reduce alone
+    mpirun -n 2 python -m ddp_abci.compare.probes allreduce    # the gradient all-reduce alone
 
 Each prints one JSON line. The benchmark runs them and reports each trainer's throughput
 as a fraction of the floor, and the all-reduce time against the step time. A floor's rate
@@ -50,9 +50,9 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> 
 
     import torch
 
-    from .comm_hook import resolve_comm
-    from .launch import discover_launch
-    from .process_group import distributed
+    from ..dist.launch import discover_launch
+    from ..dist.process_group import distributed
+    from ..plan import resolve_comm
 
     launch = discover_launch()
     with distributed(launch) as device:
@@ -70,10 +70,10 @@ def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockste
     where comm (resolve_comm's choice) is mpi, as the trainer does."""
     import torch
 
-    from .comm_hook import register_mpi_hook
-    from .data import LinspaceDataset
-    from .model import build_model, build_optimizer, rmse_loss, wrap_model
-    from .precision import autocast, make_scaler, resolve_precision
+    from ..data import LinspaceDataset
+    from ..dist.mpi_hook import register_mpi_hook
+    from ..model import build_model, build_optimizer, rmse_loss, wrap_model
+    from ..precision import autocast, make_scaler, resolve_precision
 
     precision = resolve_precision(amp, device)
     model = build_model(0).to(device)
@@ -138,9 +138,9 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
     import torch
     import torch.distributed as dist
 
-    from .launch import discover_launch
-    from .model import SimpleModule
-    from .process_group import distributed
+    from ..dist.launch import discover_launch
+    from ..dist.process_group import distributed
+    from ..model import SimpleModule
 
     numel = sum(p.numel() for p in SimpleModule().parameters())
     launch = discover_launch()
@@ -155,7 +155,7 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
         if "mpi" in backends and device.type == "cpu":
             from mpi4py import MPI
 
-            from .comm_hook import mpi_max_vector
+            from ..dist.mpi_hook import mpi_max_vector
 
             arr = buf.numpy()
             out["mpi_ms"] = fastest(lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM), iters, device)
@@ -195,7 +195,7 @@ def _sync(device) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddp_abci.bench_probes")
+    p = argparse.ArgumentParser(prog="python -m ddp_abci.compare.probes")
     sub = p.add_subparsers(dest="probe", required=True)
     f = sub.add_parser("floor")
     f.add_argument("--bs", type=int, default=50)

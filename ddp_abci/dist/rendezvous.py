@@ -11,7 +11,7 @@ import ipaddress
 import socket
 import struct
 
-from .errors import UsageError
+from ..errors import UsageError
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: IPv4 address of a named interface
 

@@ -2,7 +2,8 @@
 
     accelerator.is_main_process        launch.is_main
     accelerator.is_local_main_process  launch.is_local_main
-    accelerator.print                  print_main(launch, ...)
+    accelerator.print                  print_per_node(launch, ...): once per node, as Accelerate does;
+                                       print_main(launch, ...): once per job
     accelerator.wait_for_everyone()    wait_for_everyone()
     accelerator.main_process_first()   main_process_first(launch)
     accelerator.gather(t)              gather(t)
@@ -17,7 +18,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from .errors import RunError, UsageError
+from ..errors import RunError, UsageError
 from .launch import Launch
 
 
@@ -28,6 +29,13 @@ def _world() -> int:
 def print_main(launch: Launch, *args: object) -> None:
     """Print on rank 0 only: every rank printing repeats each line world-size times."""
     if launch.is_main:
+        print(*args, flush=True)
+
+
+def print_per_node(launch: Launch, *args: object) -> None:
+    """Print on each node's first rank (local rank 0): once per node, what accelerator.print
+    does (its docstring: "only print once per server"); print_main prints once per job."""
+    if launch.is_local_main:
         print(*args, flush=True)
 
 
@@ -82,17 +90,28 @@ def raise_if_any_rank_failed(error: str | None) -> None:
 
 
 def check_replicas_agree(model: torch.nn.Module, launch: Launch) -> None:
-    """Every rank must end with the same weights; DDP guarantees it, this proves it once
-    per run (a float64 checksum of the parameters, compared by MIN and MAX)."""
+    """Every rank must end with the same weights and buffers (BatchNorm's statistics); DDP
+    guarantees the weights, the trainer's broadcast before each save the buffers, and this
+    proves both once per run: a float64 checksum, compared by MIN and MAX."""
     if _world() == 1:
         return
-    checksum = sum(p.detach().double().sum() for p in model.parameters()).reshape(1)
+    tensors = [*model.parameters(), *model.buffers()]
+    checksum = sum(t.detach().double().sum() for t in tensors).reshape(1)
     low, high = checksum.clone(), checksum.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     if low.item() != high.item():
-        raise RuntimeError(f"replicas diverged: weight checksums range {low.item()!r} to {high.item()!r}")
+        raise RuntimeError(f"replicas diverged: weight and buffer checksums range {low.item()!r} to {high.item()!r}")
     print_main(launch, f"replicas agree: identical weights on all {_world()} ranks (checksum {high.item():.6f})")
+
+
+def broadcast_buffers(model: torch.nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm's running statistics) on every rank. DDP broadcasts them
+    before each training forward, and each rank's own batch then moves them again: after
+    the last step the ranks differ, so evaluation and checkpoints take rank 0's."""
+    if _world() > 1:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
 
 
 def gather(tensor: torch.Tensor) -> torch.Tensor:

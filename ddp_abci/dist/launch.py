@@ -11,8 +11,9 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..errors import UsageError
+from ..options import option
 from . import rendezvous
-from .errors import UsageError
 
 
 class LaunchError(UsageError):
@@ -47,6 +48,19 @@ class Launch:
         return f"tcp://{host}:{self.master_port}"
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Where the ranks meet, when the launcher's defaults will not do (the command line's
+    rendezvous flags; fit()'s keywords of the same names)."""
+
+    master_addr: str | None = option(None, "rank 0's address for the rendezvous (default: MASTER_ADDR, else "
+                                           "chosen by rank 0)")
+    master_port: int | None = option(None, "the rendezvous port (default: MASTER_PORT, else a free one rank 0 "
+                                           "picks)", kind=int)
+    interface: str | None = option(None, "take rank 0's address from this interface, e.g. bond0 or ib0 "
+                                         "(default: DDP_ABCI_IFNAME)")
+
+
 # Variables an MPI launcher sets in every rank: their presence means "started by mpirun".
 _MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
 _JOB_ID_VARS = ("PBS_JOBID", "JOB_ID", "SLURM_JOB_ID")
@@ -61,6 +75,7 @@ def discover_launch(
 ) -> Launch:
     """Find rank, sizes and the rendezvous point. Explicit arguments beat MASTER_ADDR/MASTER_PORT."""
     env = os.environ if environ is None else environ
+    interface = interface or env.get("DDP_ABCI_IFNAME") or None
     addr = master_addr or env.get("MASTER_ADDR") or None
     port = master_port or _int_or_none(env.get("MASTER_PORT"), "MASTER_PORT")
     if port is not None and not 0 < port < 65536:

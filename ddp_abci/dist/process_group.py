@@ -9,7 +9,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from .errors import UsageError
+from ..errors import UsageError
 from .launch import Launch
 
 

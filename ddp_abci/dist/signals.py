@@ -1,6 +1,6 @@
-"""Stop signals: SIGTERM (PBS and Grid Engine at walltime, forwarded by mpirun) and SIGUSR1
-(Slurm's --signal; forwarded by mpirun without ending the job) ask every rank to finish its
-step, save, and exit. This module only records the request; the training loop decides when
+"""Stop signals: SIGTERM (PBS and Grid Engine at walltime, forwarded by mpirun), SIGUSR1
+(Slurm's --signal; forwarded by mpirun without ending the job) and SIGINT (Ctrl-C) ask every
+rank to finish its step, save, and exit 75. A second Ctrl-C interrupts at once. This module only records the request; the training loop decides when
 all ranks agree (see stopping.StopAgreement). It imports nothing heavy, so that the command
 line can install the handlers before torch loads: a signal during start-up is kept too.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import time
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped early with the checkpoint saved; resubmit with --resume
 DEADLINE = 1000   # not a signal: the stop agreement's code for --stop-after (above every signal number)
 
@@ -33,6 +33,8 @@ class StopRequest:
             signal.signal(sig, handler)
 
     def _handle(self, signum: int, frame) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the save
         self.received = self.received or signum  # only record: the loop acts at a safe point
 
 

@@ -1,4 +1,4 @@
-"""`python -m ddp_abci.accelerate_env CMD...`: run CMD (one rank of the Accelerate variant)
+"""`python -m ddp_abci.compare.accelerate_env CMD...`: run CMD (one rank of the Accelerate variant)
 with torchrun's variables copied from Open MPI's. Accelerate's GPU path reads RANK,
 WORLD_SIZE, LOCAL_RANK; mpirun sets OMPI_COMM_WORLD_*. The benchmark uses this module;
 job scripts use its shell twin, scripts/accelerate_env.sh. The raw trainer needs neither:
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .launch import port_from_job_id
+from ..dist.launch import port_from_job_id
 
 COPIES = {"RANK": "OMPI_COMM_WORLD_RANK", "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
           "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE"}
