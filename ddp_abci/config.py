@@ -102,3 +102,8 @@ class TrainConfig:
 def name(field: str) -> str:
     """A TrainConfig field as messages name it: 'global_batch (--bs)'."""
     return setting(TrainConfig, field)
+
+
+def turn_on(field: str) -> str:
+    """A switch as messages name it: 'drop_last=True (--drop-last)'."""
+    return name(field).replace(" (", "=True (", 1)

@@ -155,9 +155,9 @@ def batch_len(batch: Any) -> int:
 def per_rank_batch(global_batch: int, world_size: int) -> int:
     """--bs is the global batch (the seed's split_batches=True intent); each rank takes its share."""
     if global_batch < 1 or global_batch % world_size:
+        fits = max(1, global_batch // world_size) * world_size
         raise UsageError(f"{name('global_batch')} {global_batch} does not divide by world size {world_size}; "
-                         f"use a multiple of {world_size}, e.g. global_batch={max(1, global_batch // world_size) * world_size} "
-                         f"(--bs {max(1, global_batch // world_size) * world_size})")
+                         f"use a multiple of {world_size}, e.g. global_batch={fits} (--bs {fits})")
     return global_batch // world_size
 
 

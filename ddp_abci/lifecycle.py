@@ -81,7 +81,7 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, parts: 
         from .dist.collectives import print_main
         from .dist.launch import discover_launch
         from .dist.process_group import choose_device, distributed
-        from .dist.watchdog import end_job
+        from .dist.watchdog import end_job, peer_lost
         from .plan import plan_run
         from .trainer import Trainer
 
@@ -107,9 +107,11 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, parts: 
             # One rank's own failure, said by it: the others would wait for it in their next
             # collective (for ever under MPI), so it ends the job now, not after --timeout.
             end_job(launch, report(e))
-        except Exception:
+        except Exception as e:
             if launch.world_size == 1:
                 raise
+            if peer_lost(e):  # another rank ended the job: its launcher ends this one in a moment
+                time.sleep(10)
             print(f"error: rank {launch.rank} (host {socket.gethostname()}) failed; the job ends (exit 1):",
                   file=sys.stderr, flush=True)
             traceback.print_exc()

@@ -124,7 +124,7 @@ def make_optimizer(factory: Any, model: nn.Module, lr: float) -> torch.optim.Opt
     it got (a weight-decay split over a generator silently drops its second half)."""
     params = list(model.parameters())
     if isinstance(factory, torch.optim.Optimizer):
-        raise UsageError(f"optimizer= got a {type(factory).__name__} already built; pass a factory, e.g. "
+        raise UsageError(f"optimizer= got an optimizer already built ({type(factory).__name__}); pass a factory, e.g. "
                          f"optimizer=lambda params: torch.optim.{type(factory).__name__}(params, lr=...): the "
                          "optimizer must be built over the parameters of the model the trainer wraps")
     if isinstance(factory, type) and issubclass(factory, torch.optim.Optimizer):

@@ -12,8 +12,8 @@ from torch.utils.data import Dataset, IterableDataset
 
 from . import checkpoint as ckpt
 from . import resume
-from .config import TrainConfig, name
-from .data import batch_fetcher, batch_len, check_item, to_device
+from .config import TrainConfig, name, turn_on
+from .data import CollateFailed, batch_fetcher, batch_len, check_item, to_device
 from .dist.collectives import broadcast_error, broadcast_object, print_main, raise_if_any_rank_failed
 from .dist.launch import Launch
 from .errors import UsageError
@@ -21,7 +21,7 @@ from .model import LossFn, unwrap
 from .precision import autocast
 from .tracking import check_tensorboard_installed
 
-UNUSED_ADVICE = (f"remove the layer, freeze it (requires_grad_(False)), or set {name('find_unused_parameters')} "
+UNUSED_ADVICE = (f"remove the layer, freeze it (requires_grad_(False)), or set {turn_on('find_unused_parameters')} "
                  "when a layer is used on some steps or ranks only")
 
 
@@ -144,22 +144,31 @@ def check_data(train_set: Dataset, eval_set: Dataset | None, config: TrainConfig
 
 def dry_run(model: torch.nn.Module, train_set: Dataset, loss_fn: LossFn, precision: str, device: torch.device,
             per_rank_batch: int, *, collate_fn: Callable | None = None, find_unused: bool = False,
-            eval_set: Dataset | None = None, metrics: Mapping[str, Callable] | None = None) -> str | None:
+            eval_set: Dataset | None = None, metrics: Mapping[str, Callable] | None = None,
+            last_batch: int = 0) -> str | None:
     """Local: one forward and backward of loss_fn on a first batch, as training will run
-    it; weights, buffers, gradients and the RNG are put back as they were. Returns what
-    is wrong, in one line, or None: the loss is not a scalar or not connected to the
-    model, a trainable parameter got no gradient (DDP would stop at the second step), a
-    metric does not give one value per item."""
-    snapshot = _state_of(model)
+    it (and on a batch of `last_batch` items, the size of an epoch's short last batch on
+    each rank); weights, buffers, gradients and the RNG are put back as they were. Returns
+    what is wrong, in one line, or None: the loss is not a scalar or not connected to the
+    model, a trainable parameter got no gradient (DDP would stop at the second step), the
+    short last batch fails (BatchNorm on one item), a metric does not give one value per item."""
     try:
         fetch = batch_fetcher(train_set, collate_fn)
         batch = to_device(fetch[list(range(min(per_rank_batch, len(train_set))))], device)
+    except CollateFailed as e:
+        return str(e)
+    except Exception as e:
+        return f"reading a first batch failed ({type(e).__name__}: {_first_line(e)}); fix the dataset's __getitem__"
+    snapshot = _state_of(model)
+    try:
         with autocast(precision, device):
             loss = loss_fn(model, batch)
         error = _not_a_scalar(loss) or _not_connected(loss, model)
         if error is None:
             loss.backward()
             error = None if find_unused else _unused(model)
+        if error is None and last_batch:
+            error = _short_batch_fails(model, fetch, loss_fn, precision, device, last_batch)
         if error is None and metrics and eval_set is not None:
             error = _bad_metric(model, batch_fetcher(eval_set, collate_fn), eval_set, metrics, precision, device,
                                 per_rank_batch)
@@ -223,6 +232,20 @@ def _unused(model: torch.nn.Module) -> str | None:
     shown = ", ".join(unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
     return (f"trainable parameters got no gradient from loss_fn on a first batch: {shown}; DDP would stop at the "
             f"second step; {UNUSED_ADVICE}")
+
+
+def _short_batch_fails(model: torch.nn.Module, fetch: Any, loss_fn: LossFn, precision: str, device: torch.device,
+                       items: int) -> str | None:
+    for p in model.parameters():
+        p.grad = None
+    try:
+        with autocast(precision, device):
+            loss_fn(model, to_device(fetch[list(range(items))], device)).backward()
+    except Exception as e:
+        return (f"loss_fn fails on the epoch's short last batch of {items} item(s) per rank ({type(e).__name__}: "
+                f"{_first_line(e)}); set {turn_on('drop_last')} to drop it, or choose a global_batch (--bs) that "
+                "divides the training set")
+    return None
 
 
 def _bad_metric(model: torch.nn.Module, fetch: Any, eval_set: Dataset, metrics: Mapping[str, Callable],

@@ -31,14 +31,14 @@ from torch.utils.data import Dataset
 from . import checkpoint as ckpt
 from . import preflight
 from . import resume as snap
-from .config import TrainConfig, name
+from .config import TrainConfig, name, turn_on
 from .data import CollateFailed, batch_len, build_loader, iterate, to_device
 from .dist.collectives import all_ranks, broadcast_buffers, broadcast_error, check_replicas_agree, print_main, reduce
 from .dist.launch import Launch
 from .dist.mpi_hook import register_mpi_hook
 from .dist.signals import EXIT_STOPPED, StopRequest, signal_name
 from .dist.stopping import StopAgreement
-from .dist.watchdog import Watchdog, timed_out
+from .dist.watchdog import Watchdog, peer_lost, timed_out
 from .errors import Diverged, RankFailed, SaveFailed, UsageError
 from .evaluation import MetricFn, combine, default_metrics, evaluate_shard
 from .model import LossFn, OptimizerFactory, compile_model, make_optimizer, seed_optimizer, unwrap, wrap_model
@@ -124,6 +124,8 @@ class Trainer:
         self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
         self.model = self.optimizer = self.scheduler = self.loader = self.sampler = self.trackers = None
         self.watchdog = Watchdog(launch, config.timeout_s).start()
+        if config.ckpt_dir:
+            self.watchdog.checkpoint = f"no checkpoint written yet in {config.ckpt_dir}"
         try:
             self._build(model, optimizer)
         except BaseException:
@@ -193,8 +195,17 @@ class Trainer:
             error = preflight.dry_run(model, self.train_set, self.loss_fn, self.precision, self.device,
                                       self.per_rank_batch, collate_fn=self.collate_fn,
                                       find_unused=self.config.find_unused_parameters, eval_set=self.eval_set,
-                                      metrics=self.eval_metrics if self.eval_every else None)
+                                      metrics=self.eval_metrics if self.eval_every else None,
+                                      last_batch=self._short_last_batch())
         preflight.share_dry_run(error)
+
+    def _short_last_batch(self) -> int:
+        """Items each rank gets in the epoch's last batch when it is shorter than the rest, else 0."""
+        if self.config.drop_last:
+            return 0
+        world = self.launch.world_size
+        padded = -(-len(self.train_set) // world) * world  # DistributedSampler pads to a multiple of the world
+        return padded % self.config.global_batch // world
 
     @collective("preflight: the free-space verdict")
     def _check_disk_space(self, model: torch.nn.Module) -> None:
@@ -269,10 +280,12 @@ class Trainer:
                         ckpt.keep_previous(self.ckpt_file)
                     ckpt.save_atomic(snap.make_snapshot(self, rng_per_rank), self.ckpt_file)
                     self._rotate = True
+                    self.watchdog.note_checkpoint(self.step, self.ckpt_file)
                 except Exception as e:  # disk full, quota, folder gone or read-only: all one line
                     error = ckpt.save_failure(e, self.ckpt_file) + f" (step {self.step})"
         broadcast_error(self.launch, error, SaveFailed)
-        self.watchdog.note_checkpoint(self.step, self.ckpt_file)
+        if not self.launch.is_main:
+            self.watchdog.note_checkpoint(self.step, self.ckpt_file)
         self.agreement.saved(time.monotonic() - began)  # the --stop-after reserve grows with it
 
     def _expected_save_s(self) -> float:
@@ -322,8 +335,8 @@ class Trainer:
         try:
             return call(*args)
         except Exception as e:
-            if timed_out(e):
-                raise  # a collective's timeout: the watchdog's to report
+            if timed_out(e) or peer_lost(e):
+                raise  # a collective's timeout, another rank's end: not this batch's fault
             text = " ".join(str(e).split()) or type(e).__name__
             raise RankFailed(f"{self._here()}: {what} {type(e).__name__}: {text} at step {self.step + 1}; "
                              f"{self._advice(text, batch_len(batch))}") from None
@@ -333,8 +346,8 @@ class Trainer:
             return preflight.UNUSED_ADVICE
         if "Expected more than 1 value per channel" in text:
             return (f"the batch held {items} item(s) on this rank (an epoch's short last batch?): set "
-                    f"{name('drop_last')} to drop it")
-        again = f", then resume ({name('resume')})" if self.ckpt_file else ""
+                    f"{turn_on('drop_last')} to drop it")
+        again = ", then rerun with resume=True (--resume)" if self.ckpt_file else ""
         return f"fix loss_fn or the model for this batch{again}"
 
     def _here(self) -> str:

@@ -8,7 +8,8 @@
 # bf16 matmul peak it reaches; the smallest world-size-1 NCCL start-up.
 # Settings: PYTHON (default: python3 if its torch has CUDA, else .venv/bin/python),
 # WHEELS (a folder of carried wheels, default .whl, installed into /tmp/site when present),
-# MPIRUN, BUDGET_S (default 330), STEP_S (longest step, default 100).
+# MPIRUN, BUDGET_S (default 330), STEP_S (longest step, default 100), SEED_EPOCHS (epochs of the
+# seed's configuration per step, default 3).
 # Exits 3 within seconds where there is nothing to check, naming the missing piece:
 # no CUDA build of torch, no GPU device, or (with several GPUs) no mpirun.
 set -uo pipefail
@@ -91,13 +92,13 @@ PY
     summarise
 }
 
-SEED=(-m ddp_abci.train --epochs 3)
+SEED=(-m ddp_abci.train --epochs "${SEED_EPOCHS:-3}")
 step environment 60 "$PYTHON" scripts/lib/gpu_summary.py --environment "$WORK/environment.json"
 for amp in fp16 bf16 no; do
     step "raw_seed_$amp" "$STEP_S" "$PYTHON" "${SEED[@]}" --amp "$amp" --summary-json "$WORK/raw_seed_$amp.json"
 done
 step accelerate_seed "$STEP_S" env MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 "$PYTHON" -m ddp_abci.accelerate_variant \
-    --epochs 3 --amp fp16 --summary-json "$WORK/accelerate_seed.json"
+    --epochs "${SEED_EPOCHS:-3}" --amp fp16 --summary-json "$WORK/accelerate_seed.json"
 step raw_large_bf16 "$STEP_S" "$PYTHON" -m ddp_abci.train --epochs 2 --bs 16384 --num-items 262144 --dim-hidden 4096 \
     --amp bf16 --summary-json "$WORK/raw_large_bf16.json"
 step nccl_startup 60 "$PYTHON" scripts/lib/gpu_summary.py --nccl-startup "$WORK/nccl_startup.json"

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from ddp_abci.dist.collectives import gather, gather_for_metrics, main_process_first, reduce, wait_for_everyone
 from ddp_abci.data import LinspaceDataset, ShardBatchSampler
+from ddp_abci.dist.collectives import gather, gather_for_metrics, main_process_first, reduce, wait_for_everyone
 from ddp_abci.dist.launch import discover_launch
 from ddp_abci.dist.process_group import distributed
 

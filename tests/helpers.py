@@ -1,6 +1,8 @@
 """Shared helpers for the tests: real mpirun processes with the venv's Python."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import signal
@@ -50,6 +52,33 @@ def run_mpi(n: int, *args: str, timeout: float = 90, **kw) -> subprocess.Complet
 def train(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """One process, no mpirun."""
     return run([PYTHON, "-m", "ddp_abci.train", *args], timeout=timeout, **kw)
+
+
+def train_here(*args: str) -> subprocess.CompletedProcess:
+    """`python -m ddp_abci.train ARGS` on one rank, run in this process: the same code and
+    output (stdout and stderr merged) without a new interpreter loading torch. For what
+    one rank shows; signals and several ranks need real processes."""
+    from ddp_abci import train as command
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            status = command.main(list(args))
+        except SystemExit as e:  # argparse's own exit for a bad flag
+            status = e.code
+    return subprocess.CompletedProcess(["python", "-m", "ddp_abci.train", *args], status, out.getvalue())
+
+
+def error_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("error:")]
+
+
+def one_error(proc: subprocess.CompletedProcess, status: int = 2) -> str:
+    """The run was refused before any training in exactly one `error:` line: that line."""
+    lines = error_lines(proc.stdout)
+    assert proc.returncode == status and len(lines) == 1, proc.stdout
+    assert "Traceback" not in proc.stdout and "training:" not in proc.stdout, proc.stdout
+    return lines[0]
 
 
 def start_mpi(n: int, *args: str, **kw) -> subprocess.Popen:

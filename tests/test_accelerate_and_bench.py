@@ -9,7 +9,6 @@ from ddp_abci.dist.rendezvous import free_port
 from helpers import PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, on_ranks, run
 
 pytest.importorskip("accelerate", reason="accelerate comes with the test extra: scripts/setup.sh installs it")
-pytestmark = pytest.mark.usefixtures("mpirun_available")
 
 SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "1"]
 
@@ -19,7 +18,7 @@ def accelerate_run(*args, through=("-m",)):
     return run(on_ranks(2, *through, "ddp_abci.accelerate_variant", *SMALL, *args, mpirun_args=rendezvous))
 
 
-def test_the_variant_trains_distributed_with_the_seeds_intended_global_batch():
+def test_the_variant_trains_distributed_with_the_seeds_intended_global_batch(mpirun):
     proc = accelerate_run()
     assert proc.returncode == 0, proc.stdout
     assert "world size 2" in proc.stdout and "split_batches=True, global batch 50" in proc.stdout
@@ -27,20 +26,20 @@ def test_the_variant_trains_distributed_with_the_seeds_intended_global_batch():
     assert "global step 8" in proc.stdout
 
 
-def test_the_seed_as_written_trains_with_bs_times_world_and_says_so():
+def test_the_seed_as_written_trains_with_bs_times_world_and_says_so(mpirun):
     proc = accelerate_run("--as-written")
     assert proc.returncode == 0, proc.stdout
     assert "Accelerator(split_batches=True) ignored -> split_batches=False, global batch 100" in proc.stdout
     assert "global step 4" in proc.stdout
 
 
-def test_the_variant_ends_gloos_threads_before_exit():
+def test_the_variant_ends_gloos_threads_before_exit(mpirun):
     proc = accelerate_run(through=("tests/threads_at_exit.py",))
     assert_clean(proc)
     assert_no_thread_outlives_the_process_group(proc)
 
 
-def test_the_ddp_floor_trains_through_ddp_with_the_mpi_hook_and_frees_the_group():
+def test_the_ddp_floor_trains_through_ddp_with_the_mpi_hook_and_frees_the_group(mpirun):
     proc = run([*on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.compare.probes"),
                 "floor", "--bs", "25", "--threads", "1", "--ddp", "--steps", "25"])
     assert_clean(proc)
@@ -49,13 +48,13 @@ def test_the_ddp_floor_trains_through_ddp_with_the_mpi_hook_and_frees_the_group(
     assert_no_thread_outlives_the_process_group(proc)
 
 
-def test_the_variant_refuses_to_start_without_the_rendezvous_variables():
+def test_the_variant_refuses_to_start_without_the_rendezvous_variables(mpirun):
     proc = run(on_ranks(2, "-m", "ddp_abci.accelerate_variant", *SMALL))
     assert proc.returncode != 0
     assert "Accelerate needs MASTER_ADDR and MASTER_PORT" in proc.stdout
 
 
-def _bench(tmp_path, *extra):
+def _bench(tmp_path, *extra):  # the tests using it ask for mpirun
     out = tmp_path / "bench.json"
     proc = run([PYTHON, "-m", "ddp_abci.bench", "--rounds", "1", "--sides", "raw,accelerate", "--no-probes",
                 *SMALL, "--out", str(out), *extra], timeout=240)
@@ -63,7 +62,7 @@ def _bench(tmp_path, *extra):
 
 
 @pytest.fixture(scope="module")
-def tiny_bench(tmp_path_factory):
+def tiny_bench(tmp_path_factory, mpirun):
     return _bench(tmp_path_factory.mktemp("bench"))
 
 
@@ -98,7 +97,7 @@ def test_the_accelerate_side_reports_its_start_up_phases_too(tiny_bench):
     assert sum(phases.values()) == pytest.approx(report["sides"]["accelerate"]["first_step_s"], abs=0.5)
 
 
-def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tmp_path):
+def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tmp_path, mpirun):
     out = tmp_path / "sweep.json"
     proc = run([PYTHON, "-m", "ddp_abci.bench", "--epochs", "1", "--num-items", "400", "--rounds", "1",
                 "--sides", "raw", "--no-probes", "--sweep", "40", "--out", str(out)], timeout=600)
@@ -112,7 +111,7 @@ def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tmp_path):
     assert out.with_name("sweep-sweep.png").exists()
 
 
-def test_a_failing_side_is_reported_as_failed_not_as_a_number(tmp_path):
+def test_a_failing_side_is_reported_as_failed_not_as_a_number(tmp_path, mpirun):
     proc, report = _bench(tmp_path, "--raw-args", "--dim-in 0")
     assert proc.returncode == 1
     assert report["sides"]["raw"]["failed"] and report["ratios"]["throughput raw / accelerate"] is None
@@ -156,7 +155,7 @@ def test_the_ddp_floor_is_compared_with_the_raw_side_and_with_the_lockstep_floor
     assert out["DDP floor / lockstep floor"] == pytest.approx(0.9)
 
 
-def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks():
+def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks(mpirun):
     floor = run([PYTHON, "-m", "ddp_abci.compare.probes", "floor", "--bs", "50", "--steps", "25"])
     assert floor.returncode == 0, floor.stdout
     assert json.loads(floor.stdout.splitlines()[-1])["samples_per_s"] > 0

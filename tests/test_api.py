@@ -19,7 +19,7 @@ def test_the_package_works_without_mpi4py():
     assert proc.returncode == 0 and proc.stdout.strip() == "ompi-env", proc.stdout  # the fallback, no MPI_Init
 
 
-def test_the_readme_embedding_example_trains_on_two_ranks(tmp_path):
+def test_the_readme_embedding_example_trains_on_two_ranks(tmp_path, mpirun):
     example = re.search(r"### Embedding it\n\n```python\n(.*?)```", (REPO / "README.md").read_text(), re.S)[1]
     script = tmp_path / "example.py"
     script.write_text(example + "\nprint('rank', launch.rank, 'loss', float(loss))\n")

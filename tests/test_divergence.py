@@ -8,22 +8,16 @@ import torch
 
 from ddp_abci.dist.signals import StopRequest
 from ddp_abci.dist.stopping import FP16_SKIPS, GRAD_NORM, LOSS, OK, StopAgreement
-from helpers import assert_clean, load, run_mpi, train
-
-pytestmark = pytest.mark.usefixtures("mpirun_available")
+from helpers import assert_clean, error_lines, load, run_mpi, train_here
 
 SMALL = ["--num-items", "400", "--bs", "50", "--seed", "3"]  # 8 steps an epoch
 
 
-def _error_lines(out: str) -> list[str]:
-    return [line for line in out.splitlines() if line.startswith("error:")]
-
-
-def test_a_diverging_resume_exits_65_in_one_line_and_leaves_last_pt_byte_for_byte(tmp_path):
+def test_a_diverging_resume_exits_65_in_one_line_and_leaves_last_pt_byte_for_byte(tmp_path, mpirun):
     assert_clean(run_mpi(2, *SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path)))
     good = (tmp_path / "last.pt").read_bytes()
     out = run_mpi(2, *SMALL, "--epochs", "5", "--lr", "1e10", "--ckpt-dir", str(tmp_path), "--resume").stdout
-    errors = _error_lines(out)
+    errors = error_lines(out)
     assert len(errors) == 1 and errors[0].startswith("error: diverged:"), out
     assert "--lr" in errors[0] and "--clip-norm" in errors[0]
     assert "Exit code:    65" in out and "Traceback" not in out
@@ -31,30 +25,30 @@ def test_a_diverging_resume_exits_65_in_one_line_and_leaves_last_pt_byte_for_byt
 
 
 def test_a_diverging_fresh_run_exits_65_and_writes_no_checkpoint(tmp_path):
-    proc = train(*SMALL, "--epochs", "3", "--lr", "inf", "--ckpt-dir", str(tmp_path))
-    assert proc.returncode == 2 and _error_lines(proc.stdout), proc.stdout  # inf is refused before work
-    proc = train(*SMALL, "--epochs", "3", "--lr", "1e10", "--ckpt-dir", str(tmp_path))
+    proc = train_here(*SMALL, "--epochs", "3", "--lr", "inf", "--ckpt-dir", str(tmp_path))
+    assert proc.returncode == 2 and error_lines(proc.stdout), proc.stdout  # inf is refused before work
+    proc = train_here(*SMALL, "--epochs", "3", "--lr", "1e10", "--ckpt-dir", str(tmp_path))
     assert proc.returncode == 65, proc.stdout
     assert not (tmp_path / "last.pt").exists()
 
 
 def test_a_non_finite_gradient_norm_is_divergence_when_clipping(tmp_path):
-    proc = train(*SMALL, "--epochs", "3", "--lr", "1e30", "--clip-norm", "1e38", "--ckpt-dir", str(tmp_path))
+    proc = train_here(*SMALL, "--epochs", "3", "--lr", "1e30", "--clip-norm", "1e38", "--ckpt-dir", str(tmp_path))
     assert proc.returncode == 65, proc.stdout
     assert "error: diverged:" in proc.stdout
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0"])
 def test_a_non_finite_or_non_positive_lr_is_one_line_with_exit_2(value):
-    proc = train("--lr", value)
+    proc = train_here("--lr", value)
     assert proc.returncode == 2, proc.stdout
-    assert len(_error_lines(proc.stdout)) == 1 and "--lr" in proc.stdout and "Traceback" not in proc.stdout
+    assert len(error_lines(proc.stdout)) == 1 and "--lr" in proc.stdout and "Traceback" not in proc.stdout
 
 
 def test_on_resume_this_runs_hyperparameters_win_and_the_optimizer_state_is_kept(tmp_path):
-    assert_clean(train(*SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path)))
+    assert_clean(train_here(*SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path)))
     log = tmp_path / "m.jsonl"
-    resumed = train(*SMALL, "--epochs", "2", "--lr", "1e-5", "--betas", "0.5", "0.9", "--ckpt-dir", str(tmp_path),
+    resumed = train_here(*SMALL, "--epochs", "2", "--lr", "1e-5", "--betas", "0.5", "0.9", "--ckpt-dir", str(tmp_path),
                     "--resume", "--metrics-jsonl", str(log))
     assert_clean(resumed)
     assert "lr 0.0001 -> 1e-05" in resumed.stdout and "betas (0, 0.99) -> (0.5, 0.9)" in resumed.stdout
@@ -67,9 +61,9 @@ def test_on_resume_this_runs_hyperparameters_win_and_the_optimizer_state_is_kept
 
 def test_a_resumed_schedule_keeps_its_position_and_takes_the_new_base_rate(tmp_path):
     args = [*SMALL, "--schedule", "cosine", "--warmup-steps", "4", "--ckpt-dir", str(tmp_path)]
-    assert_clean(train(*args, "--epochs", "1"))
+    assert_clean(train_here(*args, "--epochs", "1"))
     log = tmp_path / "m.jsonl"
-    assert_clean(train(*args, "--epochs", "2", "--lr", "1e-3", "--resume", "--metrics-jsonl", str(log)))
+    assert_clean(train_here(*args, "--epochs", "2", "--lr", "1e-3", "--resume", "--metrics-jsonl", str(log)))
     lrs = [json.loads(line)["lr"] for line in log.read_text().splitlines()]
     # The line of step 9 logs the rate after its schedule step: 16 steps in all (this run's
     # --epochs 2, not the checkpoint's 8), 4 of warm-up, cosine at (9 - 4) / 12 of the new 1e-3.
@@ -77,10 +71,10 @@ def test_a_resumed_schedule_keeps_its_position_and_takes_the_new_base_rate(tmp_p
 
 
 def test_an_unreadable_last_pt_falls_back_to_prev_pt_and_says_so(tmp_path):
-    assert_clean(train(*SMALL, "--epochs", "2", "--ckpt-dir", str(tmp_path)))
+    assert_clean(train_here(*SMALL, "--epochs", "2", "--ckpt-dir", str(tmp_path)))
     assert load(tmp_path / "prev.pt")["epoch"] == 1 and load(tmp_path / "last.pt")["epoch"] == 2
     (tmp_path / "last.pt").write_bytes(b"torn write")
-    resumed = train(*SMALL, "--epochs", "3", "--ckpt-dir", str(tmp_path), "--resume")
+    resumed = train_here(*SMALL, "--epochs", "3", "--ckpt-dir", str(tmp_path), "--resume")
     assert_clean(resumed)
     assert "falling back to" in resumed.stdout and "prev.pt at epoch 1" in resumed.stdout
     assert load(tmp_path / "last.pt")["epoch"] == 3

@@ -52,7 +52,7 @@ SCHEDULERS = {
 
 
 @pytest.mark.parametrize("script", sorted(SCHEDULERS))
-def test_the_job_script_trains_two_ranks_outside_its_scheduler(script, localhost):
+def test_the_job_script_trains_two_ranks_outside_its_scheduler(script, localhost, mpirun):
     variables = SCHEDULERS[script](localhost)
     e = job_env(localhost, **variables)
     if not e["NODEFILE"]:
@@ -63,7 +63,7 @@ def test_the_job_script_trains_two_ranks_outside_its_scheduler(script, localhost
     assert "world size 2 (local 2)" in proc.stdout and "done: 8 steps" in proc.stdout
 
 
-def test_train_args_and_the_checkpoint_folder_reach_the_trainer(localhost, tmp_path):
+def test_train_args_and_the_checkpoint_folder_reach_the_trainer(localhost, tmp_path, mpirun):
     e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), TRAIN_ARGS="--num-items 400 --max-steps 3")
     proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
     assert proc.returncode == 0, proc.stdout
@@ -85,7 +85,7 @@ def test_slurms_srun_launcher_gets_the_same_trainer_arguments_as_mpirun(localhos
             f"--ckpt-dir {tmp_path / 'ck'} --resume --epochs 7 --seed 5") in proc.stdout
 
 
-def test_sigterm_to_the_job_script_stops_the_ranks_with_their_log_and_exit_75(localhost, tmp_path):
+def test_sigterm_to_the_job_script_stops_the_ranks_with_their_log_and_exit_75(localhost, tmp_path, mpirun):
     e = job_env(localhost, CKPT_DIR=str(tmp_path))
     proc = subprocess.Popen(["bash", "scripts/abci/train_abci3.sh", "--epochs", "1000", "--num-items", "400"],
                             cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -238,8 +238,8 @@ def test_the_gpu_check_records_each_step_under_out_even_when_steps_fail_or_hang(
     fake.write_text(f'#!/bin/bash\nif [ "$*" = - ]; then cat >/dev/null; echo "ok 1"; exit; fi\nexec {PYTHON} "$@"\n')
     fake.chmod(0o755)
     started = time.monotonic()
-    proc = run(["bash", "scripts/gpu_check.sh"], env=env(PYTHON=str(fake), OUT=str(tmp_path / "out"), STEP_S="15",
-                                                         BUDGET_S="60"), timeout=120)
+    proc = run(["bash", "scripts/gpu_check.sh"], env=env(PYTHON=str(fake), OUT=str(tmp_path / "out"), STEP_S="8",
+                                                         BUDGET_S="24", SEED_EPOCHS="1"), timeout=120)
     assert proc.returncode == 0, proc.stdout
     summary = json.loads((tmp_path / "out" / "gpu" / "gpu_check.json").read_text())
     steps = summary["steps"]

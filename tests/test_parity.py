@@ -1,11 +1,8 @@
 """The raw code is the same algorithm as Accelerate: minimal.py, the trainer and the Accelerate
 variant end one epoch of the seed's job with the same weights (2 ranks, fp32, same seed)."""
-import pytest
 import torch
 
 from helpers import assert_clean, env, load, mpirun_cmd, run
-
-pytestmark = pytest.mark.usefixtures("mpirun_available")
 
 ONE_EPOCH = ["--epochs", "1", "--seed", "0", "--bs", "50"]
 
@@ -23,19 +20,19 @@ def max_difference(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def test_minimal_py_and_the_trainer_end_with_the_same_weights(tmp_path):
+def test_minimal_py_and_the_trainer_end_with_the_same_weights(tmp_path, mpirun):
     minimal = weights(tmp_path, "minimal", "ddp_abci.minimal", "--amp", "no")
     trainer = weights(tmp_path, "train", "ddp_abci.train", "--no-fused-adam")
     assert max_difference(minimal, trainer) <= 1e-5
 
 
-def test_the_contiguous_split_trainer_and_accelerate_end_with_the_same_weights(tmp_path):
+def test_the_contiguous_split_trainer_and_accelerate_end_with_the_same_weights(tmp_path, mpirun):
     accelerate = weights(tmp_path, "accelerate", "ddp_abci.accelerate_variant")
     trainer = weights(tmp_path, "train", "ddp_abci.train", "--no-fused-adam", "--split", "contiguous")
     assert max_difference(accelerate, trainer) <= 1e-5
 
 
-def test_with_a_per_sample_mean_loss_the_split_does_not_matter(tmp_path):
+def test_with_a_per_sample_mean_loss_the_split_does_not_matter(tmp_path, mpirun):
     strided = weights(tmp_path, "strided", "ddp_abci.train", "--loss", "mse")
     contiguous = weights(tmp_path, "contiguous", "ddp_abci.train", "--loss", "mse", "--split", "contiguous")
     assert max_difference(strided, contiguous) <= 1e-5

@@ -1,5 +1,6 @@
 """Resume and stop at the edges: the resume contract, no endless loop, exit 75 only when
 work is left, stale temporary files, and signals from the first moments of a rank."""
+import shutil
 import signal
 import subprocess
 import sys
@@ -7,53 +8,64 @@ import time
 
 import pytest
 
-from helpers import REPO, assert_clean, env, load, run_mpi, same_tensors, start_mpi, train, wait_for_line
-
-pytestmark = pytest.mark.usefixtures("mpirun_available")
+from helpers import (
+    REPO,
+    assert_clean,
+    env,
+    load,
+    one_error,
+    run_mpi,
+    same_tensors,
+    start_mpi,
+    train_here,
+    wait_for_line,
+)
 
 SMALL = ["--num-items", "400", "--bs", "50", "--seed", "3"]  # 8 steps an epoch
 
 
-def _one_error(proc) -> str:
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("error:")]
-    assert proc.returncode != 0 and len(lines) == 1, proc.stdout
-    assert "Traceback" not in proc.stdout and "training:" not in proc.stdout, proc.stdout
-    return lines[0]
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """A finished one-epoch run's checkpoint folder; each test works on its own copy."""
+    folder = tmp_path_factory.mktemp("one-epoch")
+    assert_clean(train_here(*SMALL, "--epochs", "1", "--ckpt-dir", str(folder)))
+    return folder
 
 
-def test_a_resume_with_fewer_items_fails_in_seconds_naming_num_items(tmp_path):
-    assert_clean(run_mpi(2, "--epochs", "2", "--max-steps", "150", "--ckpt-dir", str(tmp_path)))
+@pytest.fixture
+def ckpt_dir(one_epoch, tmp_path):
+    shutil.copytree(one_epoch, tmp_path / "ckpt")
+    return tmp_path / "ckpt"
+
+
+def test_a_resume_with_fewer_items_fails_in_seconds_naming_num_items(ckpt_dir):
     started = time.monotonic()
-    proc = run_mpi(2, "--epochs", "2", "--ckpt-dir", str(tmp_path), "--resume", "--num-items", "2000", timeout=30)
-    assert "--num-items 10000" in _one_error(proc)
-    assert "Exit code:    2" in proc.stdout and time.monotonic() - started < 20
+    proc = train_here(*SMALL, "--epochs", "2", "--ckpt-dir", str(ckpt_dir), "--resume", "--num-items", "200")
+    assert "--num-items 400" in one_error(proc) and time.monotonic() - started < 20
 
 
-def test_a_resume_that_adds_eval_every_is_refused_as_another_epoch(tmp_path):
-    assert_clean(train(*SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path)))
-    assert "--eval-every" in _one_error(train(*SMALL, "--epochs", "2", "--ckpt-dir", str(tmp_path), "--resume",
-                                              "--eval-every", "1"))
+def test_a_resume_that_adds_eval_every_is_refused_as_another_epoch(ckpt_dir):
+    assert "--eval-every" in one_error(train_here(*SMALL, "--epochs", "2", "--ckpt-dir", str(ckpt_dir), "--resume",
+                                                  "--eval-every", "1"))
 
 
-@pytest.mark.parametrize("flag, value", [("--seed", "7"), ("--bs", "100"), ("--split", "contiguous")])
-def test_a_resume_that_would_not_be_exact_is_refused_naming_the_saved_value(tmp_path, flag, value):
-    assert_clean(train(*SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path)))
-    before = (tmp_path / "last.pt").read_bytes()
-    line = _one_error(train(*SMALL, "--epochs", "2", "--ckpt-dir", str(tmp_path), "--resume", flag, value))
+@pytest.mark.parametrize("flag, value", [("--seed", "7"), ("--bs", "100"), ("--split", "contiguous"),
+                                         ("--drop-last", None)])
+def test_a_resume_that_would_not_be_exact_is_refused_naming_the_saved_value(ckpt_dir, flag, value):
+    before = (ckpt_dir / "last.pt").read_bytes()
+    line = one_error(train_here(*SMALL, "--epochs", "2", "--ckpt-dir", str(ckpt_dir), "--resume", flag,
+                                *([value] if value else [])))
     assert flag in line and "resume with" in line
-    assert (tmp_path / "last.pt").read_bytes() == before
+    assert (ckpt_dir / "last.pt").read_bytes() == before
 
 
-def test_a_loop_whose_resume_position_lies_past_the_epoch_is_an_error_not_a_spin(tmp_path):
+def test_a_loop_whose_resume_position_lies_past_the_epoch_is_an_error_not_a_spin(ckpt_dir):
     import torch
 
-    from ddp_abci.data import ShardBatchSampler  # noqa: F401  (the sampler the check protects)
-
-    assert_clean(train(*SMALL, "--epochs", "1", "--max-steps", "6", "--ckpt-dir", str(tmp_path)))
-    state = load(tmp_path / "last.pt")
-    state["batch_in_epoch"] = 99  # as if written by a run with a longer epoch, train_items alike
-    torch.save(state, tmp_path / "last.pt")
-    line = _one_error(train(*SMALL, "--epochs", "2", "--ckpt-dir", str(tmp_path), "--resume", timeout=60))
+    state = load(ckpt_dir / "last.pt")
+    state["epoch"], state["batch_in_epoch"] = 0, 99  # as if written by a run with a longer epoch, train_items alike
+    torch.save(state, ckpt_dir / "last.pt")
+    line = one_error(train_here(*SMALL, "--epochs", "2", "--ckpt-dir", str(ckpt_dir), "--resume"))
     assert "lies past the epoch" in line
 
 
@@ -81,12 +93,12 @@ def test_a_stop_signal_during_start_up_is_recorded_and_acted_on_at_the_first_che
 
 
 def test_stop_check_every_beyond_its_cap_is_refused():
-    proc = train("--stop-check-every", "100000")
-    assert "--stop-check-every" in _one_error(proc) and "1000" in proc.stdout
+    proc = train_here("--stop-check-every", "100000")
+    assert "--stop-check-every" in one_error(proc) and "1000" in proc.stdout
 
 
 def test_summary_json_into_a_missing_folder_is_refused_before_training(tmp_path):
-    line = _one_error(run_mpi(2, *SMALL, "--epochs", "1", "--summary-json", str(tmp_path / "no" / "x.json")))
+    line = one_error(train_here(*SMALL, "--epochs", "1", "--summary-json", str(tmp_path / "no" / "x.json")))
     assert "--summary-json" in line and "does not exist" in line
 
 
@@ -96,7 +108,7 @@ def test_stale_temporary_checkpoints_are_removed_by_the_next_run_and_nothing_els
         p.write_bytes(b"x" * 1000)
     mine = tmp_path / ".notes.tmp"
     mine.write_text("keep")
-    proc = run_mpi(2, *SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path))
+    proc = train_here(*SMALL, "--epochs", "1", "--ckpt-dir", str(tmp_path))
     assert_clean(proc)
     assert "removed 2 temporary checkpoint file(s)" in proc.stdout
     assert not any(p.exists() for p in stale) and mine.exists()
@@ -104,11 +116,11 @@ def test_stale_temporary_checkpoints_are_removed_by_the_next_run_and_nothing_els
 
 @pytest.mark.parametrize("args, needle", [(["--bs", "20000"], "larger than the training set"),
                                           (["--num-items", "1"], "every rank needs at least one")])
-def test_a_batch_or_dataset_that_cannot_be_shared_out_is_refused(args, needle):
-    assert needle in _one_error(run_mpi(2, "--epochs", "1", *args))
+def test_a_batch_or_dataset_that_cannot_be_shared_out_is_refused(args, needle, mpirun):
+    assert needle in one_error(run_mpi(2, "--epochs", "1", *args))
 
 
-def test_sigterm_to_a_bare_mpirun_leaves_a_whole_checkpoint(tmp_path):
+def test_sigterm_to_a_bare_mpirun_leaves_a_whole_checkpoint(tmp_path, mpirun):
     # Open MPI 5 forwards SIGTERM to the ranks and SIGKILLs them about 0.25 s later
     # (measured; README "Stopping"): a save may be cut short, the file on disk is whole.
     proc = start_mpi(2, "--epochs", "1000", "--num-items", "400", "--ckpt-dir", str(tmp_path))
@@ -124,7 +136,7 @@ def test_sigterm_to_a_bare_mpirun_leaves_a_whole_checkpoint(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_stop_after_ends_a_long_run_with_75_inside_its_limit_and_resumes_exactly(tmp_path):
+def test_stop_after_ends_a_long_run_with_75_inside_its_limit_and_resumes_exactly(tmp_path, mpirun):
     long_run = ["--epochs", "200", "--num-items", "400"]
     started = time.monotonic()
     proc = run_mpi(2, *long_run, "--ckpt-dir", str(tmp_path / "a"), "--stop-after", "8", timeout=60)

@@ -5,9 +5,7 @@ import time
 
 import pytest
 
-from helpers import load, run_mpi, start_mpi, train, wait_for_line
-
-pytestmark = pytest.mark.usefixtures("mpirun_available")
+from helpers import load, run_mpi, start_mpi, train_here, wait_for_line
 
 LONG = ["--epochs", "1000", "--num-items", "400", "--bs", "50"]
 
@@ -38,7 +36,7 @@ def _one_error(out: str) -> str:
     return lines[0]
 
 
-def test_a_ckpt_dir_without_room_for_two_checkpoints_is_refused_before_the_first_step(tmpfs):
+def test_a_ckpt_dir_without_room_for_two_checkpoints_is_refused_before_the_first_step(tmpfs, mpirun):
     d = tmpfs("600k")
     proc = run_mpi(2, "--ckpt-dir", str(d))
     assert proc.returncode != 0 and "Exit code:    2" in proc.stdout, proc.stdout
@@ -59,7 +57,7 @@ def _fail_mid_run(d, damage) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 
-def test_a_disk_that_fills_during_the_run_ends_it_in_one_line_and_the_last_good_checkpoint_loads(tmpfs):
+def test_a_disk_that_fills_during_the_run_ends_it_in_one_line_and_the_last_good_checkpoint_loads(tmpfs, mpirun):
     # Another writer keeps taking every free block, as a group quota filling up does: filling
     # once is not enough, because each save's rotation frees the checkpoint before prev.pt.
     d = tmpfs("8m")
@@ -83,7 +81,7 @@ def test_a_disk_that_fills_during_the_run_ends_it_in_one_line_and_the_last_good_
     assert not list(d.glob(".*.tmp"))
 
 
-def test_a_folder_made_read_only_during_the_run_ends_it_in_one_line(tmpfs):
+def test_a_folder_made_read_only_during_the_run_ends_it_in_one_line(tmpfs, mpirun):
     d = tmpfs("8m")
 
     def read_only(d):
@@ -102,8 +100,8 @@ def test_a_folder_made_read_only_during_the_run_ends_it_in_one_line(tmpfs):
 
 def test_metrics_and_summary_write_failures_warn_once_and_training_goes_on(tmp_path):
     started = time.monotonic()
-    proc = train("--epochs", "2", "--num-items", "400", "--metrics-jsonl", "/dev/full", "--summary-json", "/dev/full",
-                 "--ckpt-dir", str(tmp_path))
+    proc = train_here("--epochs", "2", "--num-items", "400", "--metrics-jsonl", "/dev/full", "--summary-json",
+                      "/dev/full", "--ckpt-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.count("warning: --metrics-jsonl /dev/full") == 1
     assert proc.stdout.count("warning: --summary-json /dev/full") == 1

@@ -4,9 +4,7 @@ import shutil
 
 import pytest
 
-from helpers import PYTHON, assert_clean, run, run_mpi
-
-pytestmark = pytest.mark.usefixtures("mpirun_available")
+from helpers import PYTHON, assert_clean, run, run_mpi, train_here
 
 RUN = ["--epochs", "3", "--num-items", "800", "--bs", "50"]  # 16 steps an epoch, 48 in all
 
@@ -19,14 +17,14 @@ def _loss_steps(tb_dir) -> list[int]:
     return [event.step for event in acc.Scalars("loss")]
 
 
-def test_tensorboard_gets_one_loss_per_step_and_a_resume_continues_it(tmp_path):
+def test_tensorboard_gets_one_loss_per_step_and_a_resume_continues_it(tmp_path, mpirun):
     args = [*RUN, "--tensorboard", str(tmp_path / "tb"), "--ckpt-dir", str(tmp_path / "ck")]
     assert_clean(run_mpi(2, *args, "--max-steps", "20"))
     assert_clean(run_mpi(2, *args, "--resume"))
     assert _loss_steps(tmp_path / "tb") == list(range(1, 49))
 
 
-def test_steps_logged_after_the_last_checkpoint_are_not_doubled_by_the_resume(tmp_path):
+def test_steps_logged_after_the_last_checkpoint_are_not_doubled_by_the_resume(tmp_path, mpirun):
     args = [*RUN, "--tensorboard", str(tmp_path / "tb"), "--ckpt-dir", str(tmp_path / "ck")]
     assert_clean(run_mpi(2, *args))
     # As if killed after logging all 48 steps but checkpointing only epoch 2 (step 32):
@@ -49,8 +47,8 @@ def test_tensorboard_without_its_package_is_one_line_naming_the_install(monkeypa
 def test_the_plot_draws_a_run_with_its_resume_marked(tmp_path):
     log = tmp_path / "run.jsonl"
     args = [*RUN, "--metrics-jsonl", str(log), "--ckpt-dir", str(tmp_path / "ck")]
-    assert_clean(run_mpi(2, *args, "--max-steps", "20"))
-    assert_clean(run_mpi(2, *args, "--resume"))
+    assert_clean(train_here(*args, "--max-steps", "20"))
+    assert_clean(train_here(*args, "--resume"))
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in rows if r["samples_per_s"] is None] == [1, 21]  # each run's first step
     proc = run([PYTHON, "-m", "ddp_abci.plot", str(log), "--out", str(tmp_path / "run.png")])
@@ -64,7 +62,7 @@ def test_the_plot_of_a_file_that_is_not_a_run_log_is_one_line():
 
 
 def test_progress_lines_carry_the_loss_of_recent_steps_and_the_time_left():
-    proc = run_mpi(2, "--epochs", "2", "--log-every", "0.05")
+    proc = train_here("--epochs", "2", "--log-every", "0.01")
     assert_clean(proc)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("  epoch ")]
     assert lines and all("(mean of recent steps)" in line and " left" in line for line in lines), proc.stdout

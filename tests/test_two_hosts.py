@@ -89,7 +89,7 @@ class TwoHosts:
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory):
+def two_hosts(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.skip("two-host test needs root for network namespaces")
     for tool in ("ip", "unshare"):
@@ -108,8 +108,8 @@ def hosts(tmp_path_factory):
 SMALL = ["--epochs", "2", "--num-items", "400", "--timeout", "30"]
 
 
-def test_two_hosts_meet_at_host_a_network_address_and_end_with_identical_weights(hosts, tmp_path):
-    proc = hosts.mpirun(*SMALL, "--ckpt-dir", str(tmp_path))
+def test_two_hosts_meet_at_host_a_network_address_and_end_with_identical_weights(two_hosts, tmp_path):
+    proc = two_hosts.mpirun(*SMALL, "--ckpt-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout
     assert "world size 2 (local 1)" in proc.stdout  # one rank per host: the job spans hosts
     assert re.search(rf"rendezvous {re.escape(A)}:\d+ \(from mpi4py\)", proc.stdout), proc.stdout
@@ -119,27 +119,27 @@ def test_two_hosts_meet_at_host_a_network_address_and_end_with_identical_weights
     assert load(tmp_path / "last.pt")["step"] == 16
 
 
-def test_a_named_interface_gives_rank_0s_address(hosts):
-    proc = hosts.mpirun(*SMALL, "--interface", hosts.iface_a)
+def test_a_named_interface_gives_rank_0s_address(two_hosts):
+    proc = two_hosts.mpirun(*SMALL, "--interface", two_hosts.iface_a)
     assert proc.returncode == 0, proc.stdout
     assert f"rendezvous {A}:" in proc.stdout
 
 
-def test_a_master_address_host_b_cannot_reach_fails_within_the_timeout_naming_it(hosts):
-    proc = hosts.mpirun("--epochs", "1", "--timeout", "5", mpi_extra=["-x", f"MASTER_ADDR={UNREACHABLE}"])
+def test_a_master_address_host_b_cannot_reach_fails_within_the_timeout_naming_it(two_hosts):
+    proc = two_hosts.mpirun("--epochs", "1", "--timeout", "5", mpi_extra=["-x", f"MASTER_ADDR={UNREACHABLE}"])
     assert proc.returncode != 0
     pattern = rf"rank 1 could not meet the others at {re.escape(UNREACHABLE)}:\d+ within 5s"
     assert re.search(pattern, proc.stdout), proc.stdout
 
 
-def test_the_abci3_job_script_trains_across_both_hosts(hosts, tmp_path):
+def test_the_abci3_job_script_trains_across_both_hosts(two_hosts, tmp_path):
     nodefile = tmp_path / "PBS_NODEFILE"
     nodefile.write_text("hosta\nhostb\n")
     venv_bin = str(Path(PYTHON).parent)
-    proc = hosts.on_host_a(
+    proc = two_hosts.on_host_a(
         ["bash", "scripts/abci/train_abci3.sh", *SMALL],
         PATH=f"{venv_bin}:{os.environ['PATH']}", PBS_NODEFILE=str(nodefile), PBS_JOBID="4321.pbs1",
-        CONTAINER="none", NPROC_PER_NODE="1", PYTHON=PYTHON, MPIRUN=MPIRUN, MPI_ARGS=" ".join(hosts.mpi_args()))
+        CONTAINER="none", NPROC_PER_NODE="1", PYTHON=PYTHON, MPIRUN=MPIRUN, MPI_ARGS=" ".join(two_hosts.mpi_args()))
     assert proc.returncode == 0, proc.stdout
     assert "job 4321: 2 node(s) x 1 rank(s) = 2" in proc.stdout
     assert f"rendezvous {A}:" in proc.stdout and "replicas agree" in proc.stdout

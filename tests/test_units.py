@@ -9,11 +9,11 @@ import torch
 from ddp_abci import checkpoint as ckpt
 from ddp_abci.config import TrainConfig
 from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, iterate, per_rank_batch
-from ddp_abci.errors import UsageError
 from ddp_abci.dist.launch import Launch
+from ddp_abci.dist.signals import StopRequest
+from ddp_abci.errors import UsageError
 from ddp_abci.model import SimpleModule
 from ddp_abci.precision import make_scaler, resolve_precision
-from ddp_abci.dist.signals import StopRequest
 
 CPU = torch.device("cpu")
 

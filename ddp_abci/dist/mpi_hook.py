@@ -58,4 +58,8 @@ def register_mpi_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, watc
         if p.dtype not in (torch.float32, torch.float64):
             raise UsageError(f"comm (--comm) mpi all-reduces float32/float64 gradients only, not {p.dtype}; "
                              "use comm='gloo' (--comm gloo)")
-    ddp_model.register_comm_hook(HookState(MPI.COMM_WORLD, watchdog), mpi_allreduce_hook)
+    # A communicator of its own (Dup is collective: every rank registers at the same point).
+    # MPI pairs a communicator's collectives in call order, so a rank that skipped a control
+    # collective on COMM_WORLD would otherwise pair it with a gradient all-reduce; apart, it waits,
+    # and the watchdog names the mismatch.
+    ddp_model.register_comm_hook(HookState(MPI.COMM_WORLD.Dup(), watchdog), mpi_allreduce_hook)
