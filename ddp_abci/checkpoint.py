@@ -9,11 +9,13 @@ still load.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +27,15 @@ from .errors import UsageError
 FORMAT = "ddp_abci/1"
 FILENAME = "last.pt"
 PREVIOUS = "prev.pt"
+STATUS = "status"  # the run's verdict, key=value lines: the job scripts read it (docs/abci.md)
 # torch.save writes to `.<name>.<random>.tmp` beside the file (save_atomic); a rank killed
 # mid-write leaves one behind, which the next run's preflight removes.
-STALE_PATTERNS = (f".{FILENAME}.*.tmp", f".{PREVIOUS}.*.tmp")
+STALE_PATTERNS = (f".{FILENAME}.*.tmp", f".{PREVIOUS}.*.tmp", f".{STATUS}.*.tmp")
 REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_size", "config",
             "batch_in_epoch", "global_batch", "rng")
+# Every key a checkpoint holds: REQUIRED, which a load insists on, and those older versions
+# of the format lacked (docs/reliability.md documents each).
+KEYS = (*REQUIRED, "train_items", "rng_per_rank", "scheduler")
 
 
 class CheckpointError(UsageError):
@@ -103,6 +109,27 @@ def remove_stale_temporaries(ckpt_dir: Path) -> list[Path]:
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
+
+
+def write_status(ckpt_dir: str | os.PathLike, status: int, *, finished: bool, step: int, line: str,
+                 rank: int, host: str) -> None:
+    """DIR/status, atomically: how the run ended (its exit status, whether it is finished,
+    its step and its last line), written by rank 0 at the end, or by the rank that ended the
+    job. The job scripts read it: mpirun's own exit status is not always the run's (a
+    partitioned job's mpirun exited 0, measured: docs/reliability.md), and a chain of jobs
+    stops, or skips, from it. Best effort: a folder that cannot take it (exit 74's) is left."""
+    text = "".join(f"{key}={' '.join(str(value).split())}\n" for key, value in (
+        ("status", status), ("finished", int(finished)), ("step", step), ("rank", rank), ("host", host),
+        ("unix", int(time.time())), ("line", line)))
+    target = Path(ckpt_dir) / STATUS
+    try:
+        fd, tmp = tempfile.mkstemp(dir=ckpt_dir, prefix=f".{STATUS}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except OSError:
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(tmp)
 
 
 def estimated_bytes(model: torch.nn.Module) -> int:

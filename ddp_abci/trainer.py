@@ -39,7 +39,7 @@ from .dist.mpi_hook import register_mpi_hook
 from .dist.signals import EXIT_STOPPED, StopRequest, signal_name
 from .dist.stopping import StopAgreement
 from .dist.watchdog import Watchdog, peer_lost, timed_out
-from .errors import Diverged, RankFailed, SaveFailed, UsageError
+from .errors import Diverged, RankFailed, RunError, SaveFailed, UsageError
 from .evaluation import MetricFn, combine, default_metrics, evaluate_shard
 from .model import LossFn, OptimizerFactory, compile_model, make_optimizer, seed_optimizer, unwrap, wrap_model
 from .plan import RunPlan, plan_run
@@ -123,7 +123,7 @@ class Trainer:
         self.eval_metrics = dict(metrics) if metrics is not None else default_metrics(self.loss_fn)
         self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
         self.model = self.optimizer = self.scheduler = self.loader = self.sampler = self.trackers = None
-        self.watchdog = Watchdog(launch, config.timeout_s).start()
+        self.watchdog = Watchdog(launch, config.timeout_s, record=self._record).start()
         if config.ckpt_dir:
             self.watchdog.checkpoint = f"no checkpoint written yet in {config.ckpt_dir}"
         try:
@@ -376,9 +376,25 @@ class Trainer:
     # -- the loop ----------------------------------------------------------------------
 
     def run(self) -> int:
-        """Train until --epochs or --max-steps, or until a stop signal; returns the exit status.
-        Every return of _run_epoch is a save point (an epoch's end, an agreed stop, the
-        run's last step): the checkpoint is written there, and only there."""
+        """Train until --epochs or --max-steps, or until a stop signal; returns the exit status
+        and, with --ckpt-dir, records it in DIR/status (rank 0; a rank's own failure: that rank)."""
+        try:
+            status, line = self._train()
+        except RunError as e:
+            if self.launch.is_main or not e.same_on_every_rank:  # said once: by rank 0, or by the failing rank
+                self._record(e.exit_status, f"error: {e}")
+            raise
+        self._record(status, line)
+        return status
+
+    def _record(self, status: int, line: str) -> None:
+        if self.config.ckpt_dir:
+            ckpt.write_status(self.config.ckpt_dir, status, finished=status == 0 and self._finished(), step=self.step,
+                              line=line, rank=self.launch.rank, host=self.host)
+
+    def _train(self) -> tuple[int, str]:
+        """The loop. Every return of _run_epoch is a save point (an epoch's end, an agreed
+        stop, the run's last step): the checkpoint is written there, and only there."""
         cfg = self.config
         accum = f", {cfg.accum} micro-batches a step" if cfg.accum > 1 else ""
         print_main(self.launch, f"training: {cfg.epochs} epochs of {self.batches_per_epoch} batches{accum}, global "
@@ -547,20 +563,21 @@ class Trainer:
                     error = ckpt.save_failure(e, Path(self.config.save_model))
         broadcast_error(self.launch, error, SaveFailed)
 
-    def _report_end(self, stopped_by: int, last_loss: float, steps_before: int) -> int:
-        """Exit 75 only when work is left: a stop agreed on the very last step completed the run."""
-        launch = self.launch
+    def _report_end(self, stopped_by: int, last_loss: float, steps_before: int) -> tuple[int, str]:
+        """The exit status and the last line. 75 only when work is left: a stop agreed on the
+        very last step completed the run."""
         if stopped_by and not self._finished():
-            print_main(launch, f"stopped on {signal_name(stopped_by)} at epoch {self.epoch + 1} batch "
-                               f"{self.batch_in_epoch} (step {self.step}); checkpoint "
-                               f"{self.ckpt_file or 'off (no --ckpt-dir)'}; resume with --resume; exit {EXIT_STOPPED}")
-            return EXIT_STOPPED
-        if self.step == steps_before:
-            print_main(launch, f"nothing to train: already at epoch {self.epoch}, step {self.step}")
+            status, line = EXIT_STOPPED, (f"stopped on {signal_name(stopped_by)} at epoch {self.epoch + 1} batch "
+                                          f"{self.batch_in_epoch} (step {self.step}); checkpoint "
+                                          f"{self.ckpt_file or 'off (no --ckpt-dir)'}; resume with --resume; "
+                                          f"exit {EXIT_STOPPED}")
+        elif self.step == steps_before:
+            status, line = 0, f"nothing to train: already at epoch {self.epoch}, step {self.step}"
         else:
             late = f" ({signal_name(stopped_by)} arrived at the last step: the run is complete)" if stopped_by else ""
-            print_main(launch, f"done: {self.step} steps, last epoch loss {last_loss:.4f}{late}")
-        return 0
+            status, line = 0, f"done: {self.step} steps, last epoch loss {last_loss:.4f}{late}"
+        print_main(self.launch, line)
+        return status, line
 
 
 def _refuse_wrapped(model: torch.nn.Module) -> None:

@@ -6,6 +6,7 @@ import torch
 from reference import reference_run
 
 from helpers import (
+    REPO,
     assert_clean,
     assert_no_thread_outlives_the_process_group,
     load,
@@ -49,9 +50,12 @@ def test_the_logged_epoch_loss_is_the_mean_over_all_ranks(two_rank_run, referenc
 
 
 def test_the_checkpoint_holds_the_documented_keys(two_rank_run):
+    from ddp_abci.checkpoint import KEYS
+
     _, state = two_rank_run
-    for key in ("model", "optimizer", "scaler", "epoch", "step", "world_size", "config"):
-        assert key in state
+    assert set(state) == set(KEYS)
+    documented = (REPO / "docs" / "reliability.md").read_text()
+    assert all(f"`{key}`" in documented for key in KEYS), [k for k in KEYS if f"`{k}`" not in documented]
     assert (state["epoch"], state["step"], state["world_size"]) == (2, 16, 2)
     assert state["config"]["global_batch"] == 50
     assert set(state["model"]) == {"net.0.weight", "net.0.bias", "net.1.weight", "net.1.bias"}

@@ -8,13 +8,15 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from helpers import MPIRUN, PYTHON, REPO, env, load
+from helpers import MPIRUN, PYTHON, REPO, env, load, wait_for_line
 
 NET, A, B, UNREACHABLE = "10.77.0.0/24", "10.77.0.1", "10.77.0.2", "10.77.1.1"
 
@@ -48,6 +50,10 @@ class TwoHosts:
         _sh("ip", "-n", a, "addr", "add", f"{UNREACHABLE}/32", "dev", "lo")
         for ns, iface in ((a, self.iface_a), (b, self.iface_b)):
             _sh("ip", "-n", ns, "link", "set", iface, "up")
+            # A cut link: TCP retransmits an unanswered send 15 times by default, about 15
+            # minutes, and Open MPI's mpirun waits that long for the cut-off host's daemon
+            # (measured). These hosts give up after 3, in seconds, as a site tuned for it does.
+            _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_retries2=3")
         self.agent.write_text(textwrap.dedent(f"""\
             #!/bin/sh
             # ssh stand-in for Open MPI: AGENT [options] HOST COMMAND runs COMMAND on HOST's namespace.
@@ -70,22 +76,43 @@ class TwoHosts:
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
 
     def mpi_args(self) -> list[str]:
+        # OMP_NUM_THREADS=1: both "hosts" share this machine's 2 cores; a rank alone on its host
+        # would take both (dist/process_group.cpu_threads) and the two would crawl.
         return ["--prtemca", "plm_ssh_agent", str(self.agent), "--mca", "btl_tcp_if_include", NET,
-                "--prtemca", "oob_tcp_if_include", NET, "-x", "PATH"]
+                "--prtemca", "oob_tcp_if_include", NET, "-x", "PATH", "-x", "OMP_NUM_THREADS=1"]
+
+    def _as_host_a(self, cmd: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.ns["hosta"], "unshare", "--uts", "sh", "-c", 'hostname hosta; exec "$@"',
+                "sh", *cmd]
 
     def on_host_a(self, cmd: list[str], timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
         """Run cmd as host A (its namespace and host name), output merged."""
-        wrapped = ["ip", "netns", "exec", self.ns["hosta"], "unshare", "--uts", "sh", "-c",
-                   'hostname hosta; exec "$@"', "sh", *cmd]
-        return subprocess.run(wrapped, cwd=REPO, env=env(**extra_env), stdout=subprocess.PIPE,
+        return subprocess.run(self._as_host_a(cmd), cwd=REPO, env=env(**extra_env), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
-    def mpirun(self, *train_args: str, mpi_extra=(), **extra_env: str) -> subprocess.CompletedProcess:
+    def start_on_host_a(self, cmd: list[str], **extra_env: str) -> subprocess.Popen:
+        return subprocess.Popen(self._as_host_a(cmd), cwd=REPO, env=env(**extra_env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def mpirun_cmd(self, *train_args: str, mpi_extra=()) -> list[str]:
         hostfile = self.agent.with_name("hosts")
         hostfile.write_text("hosta slots=1\nhostb slots=1\n")
-        cmd = [MPIRUN, "-n", "2", "--hostfile", str(hostfile), "--map-by", "ppr:1:node", *self.mpi_args(),
-               *mpi_extra, PYTHON, "-m", "ddp_abci.train", *train_args]
-        return self.on_host_a(cmd, **extra_env)
+        return [MPIRUN, "-n", "2", "--hostfile", str(hostfile), "--map-by", "ppr:1:node", *self.mpi_args(),
+                *mpi_extra, PYTHON, "-m", "ddp_abci.train", *train_args]
+
+    def mpirun(self, *train_args: str, mpi_extra=(), **extra_env: str) -> subprocess.CompletedProcess:
+        return self.on_host_a(self.mpirun_cmd(*train_args, mpi_extra=mpi_extra), **extra_env)
+
+    def trainer_pid(self, host: str) -> int:
+        pids = subprocess.run(["ip", "netns", "pids", self.ns[host]], stdout=subprocess.PIPE, text=True).stdout
+        for pid in pids.split():
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"ddp_abci.train" in f.read():
+                    return int(pid)
+        raise AssertionError(f"no rank on {host}")
+
+    def link(self, state: str) -> None:
+        _sh("ip", "-n", self.ns["hosta"], "link", "set", self.iface_a, state)
 
 
 @pytest.fixture(scope="module")
@@ -143,3 +170,51 @@ def test_the_abci3_job_script_trains_across_both_hosts(two_hosts, tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "job 4321: 2 node(s) x 1 rank(s) = 2" in proc.stdout
     assert f"rendezvous {A}:" in proc.stdout and "replicas agree" in proc.stdout
+
+
+def _ended_within(proc, limit):
+    started = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=limit)
+    finally:
+        proc.kill()
+    return out, time.monotonic() - started
+
+
+TIMEOUT = 4
+
+
+def test_a_frozen_host_ends_the_job_within_the_timeout_naming_its_rank(two_hosts, tmp_path):
+    proc = two_hosts.start_on_host_a(two_hosts.mpirun_cmd("--epochs", "1000", "--num-items", "400", "--timeout",
+                                                          str(TIMEOUT), "--ckpt-dir", str(tmp_path)))
+    wait_for_line(proc, "epoch 10/1000")
+    os.kill(two_hosts.trainer_pid("hostb"), signal.SIGSTOP)  # host B stalls: a file system, a GPU, a kernel
+    out, took = _ended_within(proc, TIMEOUT + 30)
+    print(f"frozen host: ended {took:.1f} s after the stop")
+    lines = [line for line in out.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 69 and took < TIMEOUT + 30 and len(lines) == 1, out
+    assert lines[0].startswith("error: rank 1 (host hostb) stopped answering at step ")
+    assert load(tmp_path / "last.pt")["step"] > 0
+
+
+def test_a_cut_link_ends_the_job_script_within_the_timeout_with_exit_69(two_hosts, tmp_path):
+    nodefile = tmp_path / "PBS_NODEFILE"
+    nodefile.write_text("hosta\nhostb\n")
+    venv_bin = str(Path(PYTHON).parent)
+    proc = two_hosts.start_on_host_a(
+        ["bash", "scripts/abci/train_abci3.sh", "--epochs", "1000", "--num-items", "400", "--timeout", str(TIMEOUT)],
+        PATH=f"{venv_bin}:{os.environ['PATH']}", PBS_NODEFILE=str(nodefile), PBS_JOBID="4322.pbs1",
+        CONTAINER="none", NPROC_PER_NODE="1", PYTHON=PYTHON, MPIRUN=MPIRUN, CKPT_DIR=str(tmp_path / "ck"),
+        OMP_NUM_THREADS="1",
+        MPI_ARGS=" ".join(two_hosts.mpi_args()))
+    try:
+        wait_for_line(proc, "epoch 10/1000")
+        two_hosts.link("down")  # a network partition between the two hosts
+        out, took = _ended_within(proc, TIMEOUT + 30)
+        print(f"cut link: ended {took:.1f} s after the cut")
+    finally:
+        two_hosts.link("up")
+    assert proc.returncode == 69 and took < TIMEOUT + 30, (proc.returncode, took, out)
+    status = dict(line.split("=", 1) for line in (tmp_path / "ck" / "status").read_text().splitlines())
+    assert status["status"] == "69" and "stopped answering" in status["line"], status
+    assert "resubmit with the same CKPT_DIR" in out and load(tmp_path / "ck" / "last.pt")["step"] > 0

@@ -220,6 +220,32 @@ explain_exit() {
     esac
 }
 
+# A field of CKPT_DIR/status, the run's own record of how it ended (checkpoint.write_status).
+status_field() {
+    awk -v key="$1" 'index($0, key "=") == 1 {print substr($0, length(key) + 2); exit}' "$CKPT_DIR/status" 2>/dev/null
+}
+
+# The run's exit status, from mpirun's and the run's record. mpirun's is not always the run's:
+# cut off from a host, Open MPI 5's mpirun exited 0 (measured: docs/reliability.md). So a
+# status the run recorded during this job wins, and without one a 0 is not believed.
+reconciled_status() {
+    local rc=$1 started=$2 recorded
+    [ -n "${CKPT_DIR:-}" ] || { echo "$rc"; return; }
+    if [ -f "$CKPT_DIR/status" ] && [ "$(status_field unix)" -ge "$started" ] 2>/dev/null; then
+        recorded=$(status_field status)
+        if [ "$recorded" != "$rc" ]; then
+            echo "job $JOB_NUM: mpirun exited $rc; the run recorded $recorded: $(status_field line)" >&2
+        fi
+        echo "$recorded"
+    elif [ "$rc" = 0 ]; then
+        echo "job $JOB_NUM: mpirun exited 0 but the run recorded no end in $CKPT_DIR/status: a rank or the" \
+            "launcher was lost; treated as 69" >&2
+        echo 69
+    else
+        echo "$rc"
+    fi
+}
+
 # Run CMD and wait for it, turning stop signals into SIGUSR1 for it. Open MPI's mpirun
 # forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM or Ctrl-C it kills
 # them within half a second, their last lines unprinted (measured: docs/reliability.md).
@@ -260,9 +286,11 @@ launch_training() {
         rm -f "$HOSTFILE"
         return 0
     fi
-    local rc=0
+    local rc=0 started
+    started=$(date +%s)
     run_stoppable "${cmd[@]}" || rc=$?
     rm -f "$HOSTFILE"
+    rc=$(reconciled_status "$rc" "$started")
     explain_exit "$rc"
     return "$rc"
 }
