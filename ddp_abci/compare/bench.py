@@ -29,8 +29,8 @@ from ..dist.rendezvous import free_port
 
 def mpirun_prefix(args: argparse.Namespace, ranks: int) -> list[str]:
     # --btl: Open MPI's byte transfer layers. With the pip wheel's default list, MPI_Init spends
-    # about 1 s initialising libfabric (the ofi BTL) on a machine without it (measured here:
-    # 1.11 s, 0.11 s with self,sm,tcp); scripts/run_local.sh and the tests name them too.
+    # about a second initialising libfabric (the ofi BTL) on a machine without it
+    # (docs/benchmark.md, start-up); scripts/run_local.sh and the tests name them too.
     btl = ["--mca", "btl", args.btl] if args.btl else []
     return [args.mpirun, "-n", str(ranks), "--oversubscribe", *btl, *args.mpirun_args]
 

@@ -101,9 +101,8 @@ def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockste
 
     # The whole timed loop's rate, as a trainer's samples/s is its whole loop's (the first
     # step aside): a floor from its fastest block alone would be a best case that no
-    # trainer measured over minutes can match (on a shared 2-core VM the fastest of 5 blocks
-    # ran 7-32% faster than the loop's mean, 3 runs of the lockstep probe). The fastest
-    # block is kept beside it.
+    # trainer measured over minutes can match (on a shared VM the fastest block runs well
+    # ahead of the loop's mean: docs/benchmark.md). The fastest block is kept beside it.
     mean_ms, best_ms = _time(step, steps, device, warmup=20)  # warm-up: allocator, kernels, Adam state
     return {"probe": "floor", "samples_per_s": 1e3 * global_batch / mean_ms, "step_ms": mean_ms,
             "best_block_samples_per_s": 1e3 * global_batch / best_ms, "best_block_step_ms": best_ms,

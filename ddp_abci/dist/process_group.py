@@ -64,7 +64,8 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
     # sys.getrefcount: 10 -> 20). destroy_process_group then never frees the group, its gloo
     # worker threads live on into interpreter shutdown, and one that drops a tensor there
     # aborts the exit with "terminate called without an active exception". Imported first,
-    # its defaults are None and the count stays at 10; it costs 0.01 s, torch._dynamo 2.5 s.
+    # its defaults are None and the count stays at 10; and it costs a fraction of importing all of
+    # torch._dynamo (docs/benchmark.md, start-up).
     import torch.distributed.nn.functional  # noqa: F401, PLC0415
     device = choose_device(launch)
     if device.type == "cuda":
