@@ -15,9 +15,11 @@
 #   BINDS           extra singularity bind paths, comma separated
 #   DRY_RUN         1: print the mpirun command line (forwarded variables, binds, mapping) and exit 0
 #   STOP_AFTER      seconds for the trainer's --stop-after (default: the scheduler's time left - STOP_MARGIN_S)
-#   STOP_MARGIN_S   kept free before the walltime for start-up and the last save (default 120)
+#   STOP_MARGIN_S   kept free before the walltime for start-up and the last save (default 120 s,
+#                   a quarter of what is left for walltimes under 8 minutes)
 #   MAP_BY          Open MPI's --map-by (default: ranks shared out per socket, PE cores each, bound)
 #   DDP_ABCI_ENV    a file of settings written by submit.sh (values may hold commas), sourced first
+#   CHAIN_ID        set by submit.sh -c: this job is one of a chain (see chain_verdict)
 
 # submit.sh passes its settings in a file: qsub -v would split values at their commas.
 if [ -n "${DDP_ABCI_ENV:-}" ]; then
@@ -47,21 +49,53 @@ gpus_on_this_node() {
     fi
 }
 
+# Ranks per node. Under Slurm, what the job asked Slurm for (--ntasks-per-node, or the tasks
+# Slurm gave it): mpirun takes its slots from Slurm's allocation, and asking it for more ranks
+# than that fails ("not enough slots"). Elsewhere: NPROC_PER_NODE, else one per GPU, else 2.
 ranks_per_node() {
-    local gpus
+    local gpus allocated=""
+    if [ -n "${SLURM_JOB_ID:-}" ]; then
+        allocated=${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-}}
+        allocated=${allocated%%[(,]*}  # "2(x2)" or "2,1": the first node's
+    fi
     if [ -n "${NPROC_PER_NODE:-}" ]; then
         [[ "$NPROC_PER_NODE" =~ ^[1-9][0-9]*$ ]] || die "NPROC_PER_NODE=$NPROC_PER_NODE is not a positive integer"
+        if [ -n "$allocated" ] && [ "$allocated" != "$NPROC_PER_NODE" ]; then
+            die "NPROC_PER_NODE=$NPROC_PER_NODE but Slurm gave this job $allocated task(s) per node: ask sbatch for" \
+                "--ntasks-per-node=$NPROC_PER_NODE (or leave NPROC_PER_NODE out)"
+        fi
         echo "$NPROC_PER_NODE"
+        return
+    fi
+    if [ -n "$allocated" ]; then
+        echo "$allocated"
         return
     fi
     gpus=$(gpus_on_this_node)
     if [ "$gpus" -gt 0 ]; then echo "$gpus"; else echo 2; fi
 }
 
+# The cores this job may use on a node: the scheduler's allocation where it says (Slurm
+# SLURM_CPUS_ON_NODE, PBS NCPUS), else the hardware's. Threads from the hardware oversubscribe
+# wherever nodes are shared between jobs (measured: docs/abci.md).
+cores_on_this_node() {
+    if [ -n "${CORES_PER_NODE:-}" ]; then echo "$CORES_PER_NODE"; return; fi
+    if [ -n "${SLURM_CPUS_ON_NODE:-}" ]; then echo "$SLURM_CPUS_ON_NODE"; return; fi
+    if [ -n "${PBS_JOBID:-}" ] && [ -n "${NCPUS:-}" ]; then echo "$NCPUS"; return; fi
+    lscpu -p=CORE 2>/dev/null | grep -v '^#' | sort -u | wc -l
+}
+
 # Every setting checked before anything loads or starts: one line names what is wrong.
 check_settings() {
+    local gpus
+    chain_verdict
     read_nodes
-    PER_NODE=$(ranks_per_node)
+    PER_NODE=$(ranks_per_node) || exit 2
+    gpus=$(gpus_on_this_node)
+    if [ "$gpus" -gt 0 ] && [ "$gpus" != "$PER_NODE" ]; then
+        echo "$(basename "$0"): $gpus GPUs on this node and $PER_NODE rank(s) per node; each rank takes one GPU:" \
+            "ask for one task per GPU (sbatch --ntasks-per-gpu=1, NPROC_PER_NODE) to use them all" >&2
+    fi
     if [ "${CONTAINER}" != none ] && [ ! -r "$CONTAINER" ]; then
         die "container image $CONTAINER not found: build it (scripts/container/) or set CONTAINER=none"
     fi
@@ -157,14 +191,21 @@ walltime_left_s() {
     return 0
 }
 
+# The default time kept free before a walltime of $1 seconds: 2 minutes, or a quarter of a
+# short one (a 1-minute job keeps 15 s).
+margin_s() {
+    local quarter=$(( $1 / 4 ))
+    if [ "$quarter" -lt 120 ]; then echo "$quarter"; else echo 120; fi
+}
+
 # --stop-after for the trainer: the walltime is the plan, signals are the fallback.
 deadline_args() {
     local left stop=${STOP_AFTER:-}
     if [ -z "$stop" ]; then
         left=$(walltime_left_s)
         [ -n "$left" ] || return 0
-        stop=$(( left - ${STOP_MARGIN_S:-120} ))
-        if [ "$stop" -lt 60 ]; then
+        stop=$(( left - ${STOP_MARGIN_S:-$(margin_s "$left")} ))
+        if [ "$stop" -lt 10 ]; then
             echo "job $JOB_NUM: only ${left}s of walltime left; no --stop-after, signals are the only stop" >&2
             return 0
         fi
@@ -184,7 +225,7 @@ placement() {
     fi
     local sockets cores per_socket pe
     sockets=${SOCKETS_PER_NODE:-$(lscpu -p=SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l)}
-    cores=${CORES_PER_NODE:-$(lscpu -p=CORE 2>/dev/null | grep -v '^#' | sort -u | wc -l)}
+    cores=$(cores_on_this_node)
     [ "$sockets" -ge 1 ] || sockets=1
     if [ $(( PER_NODE % sockets )) -ne 0 ]; then sockets=1; fi
     per_socket=$(( PER_NODE / sockets ))
@@ -246,6 +287,35 @@ reconciled_status() {
     fi
 }
 
+# A job of a chain (submit.sh -c) first reads what the jobs before it recorded in
+# CKPT_DIR/status: a finished run needs nothing more (exit 0 at once); a diverged one (65), a
+# failing storage (74) or a refused input (2) will not mend by itself, so the chain stops there
+# (this job, and each after it, exits at once with that status, saying why). 69 and 75 resume.
+chain_verdict() {
+    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && [ -f "$CKPT_DIR/status" ] || return 0
+    [ "$(status_field chain)" = "$CHAIN_ID" ] || return 0
+    local status
+    status=$(status_field status)
+    if [ "$status" = 0 ] && [ "$(status_field finished)" = 1 ]; then
+        echo "job $JOB_NUM: the run in $CKPT_DIR is finished (step $(status_field step)); nothing to train"
+        exit 0
+    fi
+    case "$status" in
+        65 | 74 | 2)
+            echo "job $JOB_NUM: the chain stops: an earlier job ended with $status: $(status_field line)" >&2
+            exit "$status" ;;
+    esac
+}
+
+# After mpirun: the chain's id on the run's record (written during this job), for the next job.
+stamp_chain() {
+    local started=$1 tmp
+    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && [ -f "$CKPT_DIR/status" ] || return 0
+    [ "$(status_field unix)" -ge "$started" ] 2>/dev/null || return 0
+    tmp=$(mktemp "$CKPT_DIR/.status.XXXXXX.tmp")
+    { grep -v '^chain=' "$CKPT_DIR/status"; echo "chain=$CHAIN_ID"; } >"$tmp" && mv "$tmp" "$CKPT_DIR/status"
+}
+
 # Run CMD and wait for it, turning stop signals into SIGUSR1 for it. Open MPI's mpirun
 # forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM or Ctrl-C it kills
 # them within half a second, their last lines unprinted (measured: docs/reliability.md).
@@ -291,6 +361,7 @@ launch_training() {
     run_stoppable "${cmd[@]}" || rc=$?
     rm -f "$HOSTFILE"
     rc=$(reconciled_status "$rc" "$started")
+    stamp_chain "$started"
     explain_exit "$rc"
     return "$rc"
 }

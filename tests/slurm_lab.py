@@ -1,0 +1,214 @@
+"""A real Slurm for the tests: Debian's slurm-wlm (22.05) and munge, two nodes on one machine.
+
+Each node is a network namespace with its own address and host name (h1, h2), its slurmd
+started inside it; slurmctld runs outside, on a bridge that joins them. mpirun inside a job
+starts the other node's daemon through Slurm itself, as on a cluster. Every daemon started
+here is stopped by its PID, and everything made is removed.
+
+What worked, and why each step is there: ../shared/real-schedulers.md (read 2026-12).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+NET, BRIDGE_ADDR = "10.78.0.0/24", "10.78.0.254"
+NODES = {"h1": "10.78.0.1", "h2": "10.78.0.2"}
+HOSTS_MARK = "# ddp_abci slurm lab"
+
+
+def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+class SlurmLab:
+    def __init__(self, root: Path) -> None:
+        self.root, self.tag = root, secrets.token_hex(2)
+        self.bridge = f"dsb{self.tag}"
+        self.ns = {node: f"dsl{self.tag}{node}" for node in NODES}
+        self.conf = root / "slurm.conf"
+        self.pids: list[int] = []
+        self.made_ns: list[str] = []
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+
+    # -- up ---------------------------------------------------------------------------
+
+    def up(self) -> None:
+        self._network()
+        self._hosts_file(add=True)
+        self._munge()
+        self._write_conf()
+        self.pids.append(self._daemon(["slurmctld", "-D", "-f", str(self.conf)], self.root / "slurmctld.out"))
+        for node in NODES:
+            # nsenter, not `ip netns exec`: that mounts a fresh /sys, and slurmd then cannot
+            # initialise its cgroup plugin. unshare --uts: the node's own host name.
+            self.pids.append(self._daemon(
+                ["nsenter", f"--net=/var/run/netns/{self.ns[node]}", "unshare", "--uts", "sh", "-c",
+                 f'hostname {node}; exec slurmd -D -f "$0" -N {node}', str(self.conf)],
+                self.root / f"slurmd-{node}.out"))
+        self._wait_idle(60)
+
+    def _network(self) -> None:
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        for node, addr in NODES.items():
+            ns, inside, outside = self.ns[node], f"dsi{self.tag}{node}", f"dso{self.tag}{node}"
+            sh("ip", "netns", "add", ns)
+            self.made_ns.append(ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", ns)
+            sh("ip", "link", "set", outside, "master", self.bridge)
+            sh("ip", "link", "set", outside, "up")
+            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", inside)
+            sh("ip", "-n", ns, "link", "set", inside, "up")
+
+    def _hosts_file(self, add: bool) -> None:
+        # mpirun inside a job reaches the other node by the name Slurm gives it.
+        hosts = Path("/etc/hosts")
+        kept = [line for line in hosts.read_text().splitlines() if HOSTS_MARK not in line]
+        if add:
+            kept += [f"{addr} {node} {HOSTS_MARK}" for node, addr in NODES.items()]
+        hosts.write_text("\n".join(kept) + "\n")
+
+    def _munge(self) -> None:
+        if subprocess.run(["munge", "-n"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0:
+            return  # a munged already runs: use it, and leave it
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        if not Path("/etc/munge/munge.key").exists():
+            sh("mungekey", "-c")
+            shutil.chown("/etc/munge/munge.key", "munge", "munge")
+        pid_file = Path("/run/munge/munged.pid")
+        sh("runuser", "-u", "munge", "--", "munged", "--num-threads=4")
+        for _ in range(50):
+            if pid_file.exists():
+                self.pids.append(int(pid_file.read_text().split()[0]))
+                return
+            time.sleep(0.1)
+        raise RuntimeError("munged did not start")
+
+    def _write_conf(self) -> None:
+        nodes = "\n".join(f"NodeName={node} NodeAddr={addr} CPUs=1 RealMemory=4000 State=UNKNOWN"
+                          for node, addr in NODES.items())
+        r = self.root
+        self.conf.write_text(textwrap.dedent(f"""\
+            ClusterName=ddplab
+            SlurmctldHost={socket.gethostname()}({BRIDGE_ADDR})
+            SlurmctldPort={6817 + int(self.tag, 16) % 500}
+            SlurmdPort={7318 + int(self.tag, 16) % 500}
+            AuthType=auth/munge
+            ProctrackType=proctrack/linuxproc
+            TaskPlugin=task/none
+            SlurmUser=root
+            SlurmctldPidFile={r}/slurmctld.pid
+            SlurmdPidFile={r}/slurmd-%n.pid
+            SlurmdSpoolDir={r}/spool-%n
+            StateSaveLocation={r}/state
+            SlurmctldLogFile={r}/slurmctld.log
+            SlurmdLogFile={r}/slurmd-%n.log
+            SelectType=select/cons_tres
+            ReturnToService=2
+            MpiDefault=none
+            KillWait=5
+            MinJobAge=600
+            InactiveLimit=0
+            {nodes}
+            PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+            """))
+        (r / "state").mkdir(exist_ok=True)
+
+    def _daemon(self, cmd: list[str], log: Path) -> int:
+        proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=self.env,
+                                start_new_session=True)
+        return proc.pid
+
+    def _wait_idle(self, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], stdout=subprocess.PIPE, text=True,
+                                 env=self.env).stdout.split()
+            if out.count("idle") == len(NODES):
+                return
+            time.sleep(0.5)
+        logs = "".join(p.read_text()[-800:] for p in self.root.glob("*.log"))
+        raise RuntimeError(f"Slurm's nodes did not become idle within {limit:.0f}s: {out}\n{logs}")
+
+    # -- jobs -------------------------------------------------------------------------
+
+    def run(self, *cmd: str, **extra_env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=dict(self.env, **extra_env))
+
+    def sbatch(self, *args: str, **extra_env: str) -> int:
+        out = self.run("sbatch", "--parsable", *args, **extra_env)
+        if out.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {out.stdout}")
+        return int(out.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """`scontrol show job` as a dict (JobState, ExitCode, ...)."""
+        out = self.run("scontrol", "-o", "show", "job", str(job_id)).stdout
+        return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+    def wait(self, job_id: int, limit: float) -> dict[str, str]:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+                return info
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} did not end within {limit:.0f}s: {self.job(job_id)}")
+
+    def wait_running(self, job_id: int, limit: float = 60) -> None:
+        deadline = time.monotonic() + limit
+        while self.job(job_id).get("JobState") != "RUNNING":
+            assert time.monotonic() < deadline, self.job(job_id)
+            time.sleep(0.3)
+
+    # -- down -------------------------------------------------------------------------
+
+    def down(self) -> None:
+        subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        for ns in self.made_ns:  # the jobs' processes first: they live in the nodes' namespaces
+            for pid in subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE, text=True).stdout.split():
+                if int(pid) not in self.pids:
+                    _kill(int(pid), signal.SIGKILL)
+        for pid in reversed(self.pids):
+            _kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for pid in self.pids:
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            _kill(pid, signal.SIGKILL)
+        for ns in self.made_ns:
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+        subprocess.run(["ip", "link", "del", self.bridge], stderr=subprocess.DEVNULL)
+        self._hosts_file(add=False)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
