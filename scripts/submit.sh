@@ -37,9 +37,11 @@ shift $((OPTIND - 1))
     "(CKPT_DIR=/groups/GROUP/runs/NAME scripts/submit.sh ...)"
 limit=$(to_seconds "$walltime")
 [ "$limit" -ge 60 ] || die "-t $walltime is too short: give at least 00:01:00"
-# The scheduler's warning comes a margin before the limit: a quarter of a short walltime, at
-# most 2 minutes (3 for Grid Engine's s_rt), never longer than the job itself.
-warn=$(margin_s "$limit")
+# The trainer stops at its --stop-after, a margin before the limit (a quarter of a short
+# walltime, at most 2 minutes: job_common.sh); the scheduler's warning signal is the fallback
+# and comes after it: Slurm's --signal at half the margin, Grid Engine's s_rt (where its
+# SIGUSR1 comes) at the margin, the deadline then taken from s_rt. Never longer than the job.
+margin=$(margin_s "$limit")
 
 mkdir -p "${SUBMIT_DIR:=$PWD/.submit}"  # on the shared file system, where the jobs can read it
 envfile=$(mktemp "$SUBMIT_DIR/job.XXXXXX.env")
@@ -61,12 +63,12 @@ submit_line() {
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci3.sh) ;;
         abci2)
             # s_rt before h_rt: SIGUSR1 there, where h_rt alone would SIGKILL unannounced.
-            local soft=$(( limit - (warn < 180 ? warn : 180) ))
+            local soft=$(( limit - margin ))
             cmd=(qsub -terse -g "$group" -l "rt_AF=$nodes" -l "h_rt=$walltime" -l "s_rt=$soft")
             [ -n "$after" ] && cmd+=(-hold_jid "$after")
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci2.sh) ;;
         slurm)
-            cmd=(sbatch --parsable -N "$nodes" -t "$walltime" "--signal=B:USR1@$warn")
+            cmd=(sbatch --parsable -N "$nodes" -t "$walltime" "--signal=B:USR1@$(( margin / 2 ))")
             [ -n "$group" ] && cmd+=(-A "$group")
             [ -n "$after" ] && cmd+=("--dependency=afterany:$after")
             cmd+=("--export=ALL,DDP_ABCI_ENV=$envfile" scripts/slurm/train.sbatch) ;;

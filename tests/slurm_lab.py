@@ -123,7 +123,8 @@ class SlurmLab:
             {nodes}
             PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             """))
-        (r / "state").mkdir(exist_ok=True)
+        for folder in ("state", *(f"spool-{node}" for node in NODES)):
+            (r / folder).mkdir(exist_ok=True)
 
     def _daemon(self, cmd: list[str], log: Path) -> int:
         proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=self.env,
