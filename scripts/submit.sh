@@ -45,9 +45,10 @@ margin=$(margin_s "$limit")
 
 mkdir -p "${SUBMIT_DIR:=$PWD/.submit}"  # on the shared file system, where the jobs can read it
 envfile=$(mktemp "$SUBMIT_DIR/job.XXXXXX.env")
+chain_id=$(basename "$envfile" .env)  # unique for this chain: its jobs read only its records
 {
     printf 'TRAIN_ARGS=%q\n' "$*"
-    [ "$chain" = 1 ] || printf 'CHAIN_ID=%q\n' "$(basename "$envfile" .env)"
+    [ "$chain" = 1 ] || printf 'CHAIN_ID=%q\n' "$chain_id"
     for v in CONTAINER CKPT_DIR IFNAME NPROC_PER_NODE MODULES MPI_ARGS BINDS STOP_MARGIN_S MAP_BY; do
         [ -n "${!v:-}" ] && printf '%s=%q\n' "$v" "${!v}"
     done

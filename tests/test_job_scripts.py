@@ -134,16 +134,21 @@ def test_a_bad_ranks_per_node_is_named(localhost):
 
 
 def test_submitting_without_a_group_is_refused():
-    proc = run(["bash", "scripts/abci/submit.sh", "abci3", "-n", "2"])
+    proc = run(["bash", "scripts/submit.sh", "abci3", "-n", "2"])
     assert "no group given: pass -g GROUP" in _error(proc)
 
 
+def test_a_chain_without_a_checkpoint_folder_is_refused_in_one_line():
+    proc = run(["bash", "scripts/submit.sh", "slurm", "-c", "3"], env=env(DRY_RUN="1"))
+    assert "-c 3 needs CKPT_DIR: every job of a chain resumes from it" in _error(proc)
+
+
 def _submit(tmp_path, *args, **settings):
-    proc = run(["bash", "scripts/abci/submit.sh", *args], env=env(DRY_RUN="1", SUBMIT_DIR=str(tmp_path), **settings))
+    proc = run(["bash", "scripts/submit.sh", *args], env=env(DRY_RUN="1", SUBMIT_DIR=str(tmp_path), **settings))
     assert proc.returncode == 0, proc.stdout
-    line = proc.stdout.splitlines()[0]
-    envfile = Path(re.search(r"DDP_ABCI_ENV=(\S+)", line)[1])
-    return line, envfile
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("qsub ", "sbatch "))]
+    envfile = Path(re.search(r"DDP_ABCI_ENV=(\S+)", lines[0])[1])
+    return (lines[0] if len(lines) == 1 else lines), envfile
 
 
 def test_the_abci3_submit_line_asks_pbs_for_whole_h200_nodes(tmp_path):
@@ -156,8 +161,21 @@ def test_the_abci3_submit_line_asks_pbs_for_whole_h200_nodes(tmp_path):
 
 def test_the_abci2_submit_line_asks_for_s_rt_before_h_rt(tmp_path):
     line, _ = _submit(tmp_path, "abci2", "-g", "gaa12345", "-n", "2")
-    assert re.match(r"qsub -g gaa12345 -l rt_AF=2 -l h_rt=01:00:00 -l s_rt=3420 -v DDP_ABCI_ENV=\S+ "
+    assert re.match(r"qsub -terse -g gaa12345 -l rt_AF=2 -l h_rt=01:00:00 -l s_rt=3480 -v DDP_ABCI_ENV=\S+ "
                     r"scripts/abci/train_abci2.sh", line), line
+
+
+@pytest.mark.parametrize("site, first, then", [
+    ("abci3", "qsub -P g -q rt_HF -l select=1 -l walltime=00:01:00 -v", "-W depend=afterany:JOB{}"),
+    ("abci2", "qsub -terse -g g -l rt_AF=1 -l h_rt=00:01:00 -l s_rt=45 -v", "-hold_jid JOB{}"),
+    ("slurm", "sbatch --parsable -N 1 -t 00:01:00 --signal=B:USR1@7 -A g --export=", "--dependency=afterany:JOB{}"),
+])
+def test_a_chain_submits_each_job_after_the_one_before_with_the_schedulers_own_flag(tmp_path, site, first, then):
+    lines, envfile = _submit(tmp_path, site, "-g", "g", "-t", "00:01:00", "-c", "3", CKPT_DIR="/groups/g/run")
+    assert len(lines) == 3 and all(line.startswith(first.split(" -v")[0].split(" --export")[0]) for line in lines)
+    assert lines[0].startswith(first) and "JOB" not in lines[0]  # a 1-minute walltime: warnings inside it
+    assert then.format(1) in lines[1] and then.format(2) in lines[2]
+    assert "CHAIN_ID=" in envfile.read_text()
 
 
 def test_values_with_commas_reach_the_job_whole(tmp_path, localhost):
@@ -279,11 +297,17 @@ def _fake(tmp_path, name: str, output: str) -> str:
     return f"{bin_dir}:{VENV_BIN}:{os.environ['PATH']}"
 
 
+# PBS: no PBS is packaged here. qstat -f's layout is PBS Professional's own: "Job Id: ID", then
+# each attribute as four spaces, name[.resource], " = ", value (OpenPBS, src/cmds/qstat.c,
+# prt_attr()). Grid Engine's line is the one a real qstat -j printed here (tests/test_grid_engine.py
+# runs it for real). Slurm's %L is D-HH:MM:SS for long limits (tests/test_slurm.py runs it for real).
 @pytest.mark.parametrize("scheduler, command, output, left", [
     ({"PBS_JOBID": "1234.pbs1"}, "qstat",
-     "Job Id: 1234.pbs1\n    Resource_List.walltime = 01:00:00\n    resources_used.walltime = 00:10:00", 3000),
+     "Job Id: 1234.pbs1\n    Job_Name = train_abci3.sh\n    resources_used.walltime = 00:10:00\n"
+     "    job_state = R\n    Resource_List.walltime = 01:00:00\n    Resource_List.select = 1:ngpus=8", 3000),
     ({"SLURM_JOB_ID": "1234"}, "squeue", "1-00:00:00", 86400),
-    ({"JOB_ID": "1234"}, "qstat", "job_number:  1234\nhard resource_list:   h_rt=3600,s_rt=3420,rt_AF=2", 3420),
+    ({"JOB_ID": "1234"}, "qstat", "job_number:                 1234\nhard resource_list:         h_rt=3600,s_rt=3420",
+     3420),
 ])
 def test_the_deadline_comes_from_the_schedulers_own_limit(localhost, tmp_path, scheduler, command, output, left):
     out = _dry_run(localhost, tmp_path, PATH=_fake(tmp_path, command, output), **scheduler)
@@ -306,3 +330,30 @@ def test_container_builds_take_their_scratch_folders_from_build_dir_and_check_mp
         assert "import mpi4py.MPI" in text and "ompi_info --version" in text
     for recipe in ("scripts/container/Dockerfile", "scripts/container/ddp_abci.def"):
         assert "import ddp_abci, mpi4py.MPI as M" in (REPO / recipe).read_text()
+
+
+def _chain_job(tmp_path, status_lines, localhost):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "status").write_text("".join(f"{line}\n" for line in status_lines))
+    return run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, CKPT_DIR=str(ck), CHAIN_ID="c1",
+                                                                    DRY_RUN="1"))
+
+
+def test_a_chain_job_that_finds_the_run_finished_exits_0_at_once(tmp_path, localhost):
+    proc = _chain_job(tmp_path, ["status=0", "finished=1", "step=400", "line=done: 400 steps", "chain=c1"], localhost)
+    assert proc.returncode == 0 and "is finished (step 400); nothing to train" in proc.stdout, proc.stdout
+    assert "dry run:" not in proc.stdout  # no mpirun line: it stopped before
+
+
+@pytest.mark.parametrize("status", ["65", "74", "2"])
+def test_a_chain_job_that_finds_the_run_diverged_or_its_storage_failing_stops_the_chain(tmp_path, localhost,
+                                                                                          status):
+    proc = _chain_job(tmp_path, [f"status={status}", "finished=0", "line=error: diverged: ...", "chain=c1"],
+                      localhost)
+    assert proc.returncode == int(status) and "the chain stops: an earlier job ended with" in proc.stdout
+
+
+def test_another_chains_record_does_not_stop_this_one(tmp_path, localhost):
+    proc = _chain_job(tmp_path, ["status=65", "finished=0", "line=error: diverged", "chain=an-old-chain"], localhost)
+    assert proc.returncode == 0 and "dry run:" in proc.stdout, proc.stdout

@@ -1,7 +1,7 @@
 #!/bin/bash
 # ddp_abci on ABCI 2.0-style Grid Engine sites (the seed document's setting). Submit from the repo root:
 #   qsub -g GROUP -l rt_AF=2 -l h_rt=1:00:00 -l s_rt=0:57:00 scripts/abci/train_abci2.sh
-# or scripts/abci/submit.sh abci2 -g GROUP -n 2 -t 1:00:00. Settings: scripts/lib/job_common.sh.
+# or scripts/submit.sh abci2 -g GROUP -n 2 -t 1:00:00 [-c N]. Settings: scripts/lib/job_common.sh.
 # Outside Grid Engine: NODEFILE=file-of-hosts CONTAINER=none NPROC_PER_NODE=2 bash scripts/abci/train_abci2.sh
 #$ -l rt_AF=1
 #$ -l h_rt=1:00:00
@@ -16,7 +16,13 @@ REPO=${DDP_ABCI_REPO:-$(cd "$(dirname "$0")/../.." 2>/dev/null && [ -d ddp_abci 
 source "$REPO/scripts/lib/job_common.sh"
 cd "$REPO"
 
-NODEFILE=${NODEFILE:-${SGE_JOB_HOSTLIST:-}}
+# ABCI's SGE_JOB_HOSTLIST, else Grid Engine's own PE_HOSTFILE ("host slots queue ..." lines);
+# a job without a parallel environment runs on its own host.
+NODEFILE=${NODEFILE:-${SGE_JOB_HOSTLIST:-${PE_HOSTFILE:-}}}
+if [ -z "$NODEFILE" ] && [ -n "${JOB_ID:-}" ]; then
+    NODEFILE=$(mktemp "${TMPDIR:-/tmp}/ddp_abci_nodes.XXXXXX")
+    hostname >"$NODEFILE"
+fi
 JOB_NUM=${JOB_ID:-0}
 CONTAINER=${CONTAINER:-$REPO/ddp_abci.sif}
 MODULES=${MODULES-hpcx/2.12 singularitypro/3.11}
