@@ -37,6 +37,11 @@ class TrainConfig:
     pin_memory: bool | None = option(None, "pinned host memory for the batches (default: with CUDA only)",
                                      negatable=True)
     persistent_workers: bool = option(True, "keep DataLoader workers between epochs", negatable=True)
+    batched_fetch: bool = option(True, "make each batch with one call when the dataset answers a list of indices "
+                                       "(batched_getitem, as LinspaceDataset); --no-batched-fetch: item by item and "
+                                       "collate, as DataLoader does", negatable=True)
+    direct_loader: bool = option(True, "without workers or pinned memory, read the sampler and dataset directly; "
+                                       "--no-direct-loader: through DataLoader's own iterator", negatable=True)
     drop_last: bool = option(False, "drop each epoch's last global batch when it is smaller than --bs "
                                     "(a BatchNorm model cannot train on one item)")
     max_steps: int = option(0, "stop after N optimizer steps in all, resumed ones included; 0: no limit", low=0)

@@ -112,9 +112,12 @@ def _shape(item: Any) -> Any:
     return type(item).__name__
 
 
-def batch_fetcher(dataset: Dataset, collate_fn: Callable[[list], Any] | None = None) -> Dataset:
-    """What the loader indexes with each batch's list of indices."""
-    return dataset if getattr(dataset, "batched_getitem", False) else BatchedView(dataset, collate_fn)
+def batch_fetcher(dataset: Dataset, collate_fn: Callable[[list], Any] | None = None, batched: bool = True) -> Dataset:
+    """What the loader indexes with each batch's list of indices: the dataset itself when it
+    answers a list with the batch (and `batched`), else the items one by one, collated."""
+    if batched and getattr(dataset, "batched_getitem", False):
+        return dataset
+    return BatchedView(dataset, collate_fn)
 
 
 def check_item(item: Any, where: str = "item 0") -> None:
@@ -244,6 +247,7 @@ def build_loader(
     pin_memory: bool = False,
     persistent_workers: bool = True,
     collate_fn: Callable[[list], Any] | None = None,
+    batched: bool = True,
 ) -> DataLoader:
     """Each rank's DataLoader: global_batch/world items a step from a disjoint shard.
 
@@ -255,7 +259,7 @@ def build_loader(
     sampler = ShardBatchSampler(dataset, launch, per_rank_batch(global_batch, launch.world_size),
                                 shuffle=shuffle, seed=seed, split=split, drop_last=drop_last)
     return DataLoader(
-        batch_fetcher(dataset, collate_fn),
+        batch_fetcher(dataset, collate_fn, batched),
         batch_size=None,
         sampler=sampler,
         num_workers=workers,
@@ -264,11 +268,11 @@ def build_loader(
     )
 
 
-def iterate(loader: DataLoader) -> Iterator[Any]:
+def iterate(loader: DataLoader, direct: bool = True) -> Iterator[Any]:
     """The loader's batches. Without workers or pinned memory, read from its sampler and
     dataset directly, as its single-process iterator does (fetch, then default_convert)
     minus its per-batch bookkeeping, which costs as much as making the seed's batch, most
     of it a profiler range (docs/benchmark.md)."""
-    if loader.num_workers or loader.pin_memory or loader.batch_size is not None:
+    if not direct or loader.num_workers or loader.pin_memory or loader.batch_size is not None:
         return iter(loader)
     return (default_convert(loader.dataset[indices]) for indices in loader.sampler)

@@ -163,6 +163,11 @@ def _check_groups(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP (and inside torch.compile's wrapper)."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
+    """The user's module inside torch.compile's wrapper and DDP, in either order."""
+    while True:
+        if hasattr(model, "_orig_mod"):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        elif isinstance(model, (DDP, nn.DataParallel)):
+            model = model.module
+        else:
+            return model

@@ -122,7 +122,7 @@ class Trainer:
         self.loss_fn = loss_fn
         self.eval_metrics = dict(metrics) if metrics is not None else default_metrics(self.loss_fn)
         self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
-        self.model = self.optimizer = self.scheduler = self.loader = self.sampler = self.trackers = None
+        self.model = self.ddp = self.optimizer = self.scheduler = self.loader = self.sampler = self.trackers = None
         self.watchdog = Watchdog(launch, config.timeout_s, record=self._record).start()
         if config.ckpt_dir:
             self.watchdog.checkpoint = f"no checkpoint written yet in {config.ckpt_dir}"
@@ -151,16 +151,20 @@ class Trainer:
         self._check_disk_space(model)
         if config.sync_batchnorm:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        if config.compile:
-            model = compile_model(model, device)  # before DDP: see docs/accelerate.md, "compile"
-        self.model = wrap_model(model, device, launch.world_size, find_unused_parameters=config.find_unused_parameters)
+        self.ddp = wrap_model(model, device, launch.world_size, find_unused_parameters=config.find_unused_parameters)
         self.clock.startup["ddp_unix"] = time.time()
         if launch.world_size > 1 and self.comm == "mpi":
-            register_mpi_hook(self.model, self.watchdog)
+            register_mpi_hook(self.ddp, self.watchdog)
+        # torch.compile last, over the DDP-wrapped model, as Accelerate's prepare does: Dynamo's
+        # DDPOptimizer then breaks the graph at DDP's bucket boundaries and the all-reduce still
+        # overlaps backward; compiled first, one fused backward makes every gradient ready at
+        # once (torch 2.13, _dynamo/backends/distributed.py, Note [DDPOptimizer]).
+        self.model = compile_model(self.ddp, device) if config.compile else self.ddp
         self.pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
         self.loader = build_loader(self.train_set, launch, config.global_batch, seed=config.seed, split=config.split,
                                    drop_last=config.drop_last, workers=config.workers, pin_memory=self.pin,
-                                   persistent_workers=config.persistent_workers, collate_fn=self.collate_fn)
+                                   persistent_workers=config.persistent_workers, collate_fn=self.collate_fn,
+                                   batched=config.batched_fetch)
         self.sampler = self.loader.sampler
         self.batches_per_epoch = len(self.sampler)  # micro-batches; --accum of them make a step
         self.optimizer = make_optimizer(optimizer or seed_optimizer(config.lr, config.betas, config.fused_adam),
@@ -231,7 +235,7 @@ class Trainer:
         goes (see dist/process_group.close_process_group). Safe to call twice."""
         if self.trackers is not None:
             self.trackers.close()
-        self.model = self.optimizer = self.scheduler = self.loader = self.sampler = None
+        self.model = self.ddp = self.optimizer = self.scheduler = self.loader = self.sampler = None
         gc.collect()  # DDP's reducer sits in reference cycles
         self.watchdog.stop()
 
@@ -357,9 +361,9 @@ class Trainer:
         """DDP's no_sync() around all but the last micro-batch's forward and backward: it
         toggles require_backward_grad_sync, which DDP reads in forward, so the gradients
         only accumulate locally and K micro-batches cost one all-reduce."""
-        if last or not isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+        if last or not isinstance(self.ddp, torch.nn.parallel.DistributedDataParallel):
             return contextlib.nullcontext()
-        return self.model.no_sync()
+        return self.ddp.no_sync()
 
     def _optimizer_step(self) -> bool:
         """optimizer.step through the GradScaler; True when fp16 overflow skipped it."""
@@ -433,7 +437,7 @@ class Trainer:
 
     def _micro_batch_groups(self) -> Iterator[list[Any]]:
         """The rest of the epoch's micro-batches in groups of --accum (a shorter last group)."""
-        batches = iterate(self.loader)
+        batches = iterate(self.loader, direct=self.config.direct_loader)
         while True:
             try:
                 group = list(itertools.islice(batches, self.config.accum))
