@@ -3,9 +3,10 @@
 # kept even when a step fails or hangs. On the lent H200 (bare, no registry, no mpirun):
 #   bash scripts/gpu_check.sh            # results in $OUT/gpu when OUT is set, else bench-results/gpu
 # What it measures, each with samples/s, time to first step and peak memory: the seed's
-# configuration on raw DDP (NCCL; fp16 + GradScaler, bf16, fp32) and on the Accelerate
-# variant; a configuration that fills the GPU, with the fraction of the GPU's measured
-# bf16 matmul peak it reaches; the smallest world-size-1 NCCL start-up.
+# configuration on raw DDP (NCCL; fp16 + GradScaler, bf16, fp32), on the Accelerate variant,
+# on Lightning Fabric and as the textbook script (fp32); a configuration that fills the GPU,
+# with the fraction of the GPU's measured bf16 matmul peak it reaches; the smallest
+# world-size-1 NCCL start-up.
 # Settings: PYTHON (default: python3 if its torch has CUDA, else .venv/bin/python),
 # WHEELS (a folder of carried wheels, default .whl, installed into /tmp/site when present),
 # MPIRUN, BUDGET_S (default 330), STEP_S (longest step, default 100), SEED_EPOCHS (epochs of the
@@ -99,6 +100,13 @@ for amp in fp16 bf16 no; do
 done
 step accelerate_seed "$STEP_S" env MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 "$PYTHON" -m ddp_abci.accelerate_variant \
     --epochs "${SEED_EPOCHS:-3}" --amp fp16 --summary-json "$WORK/accelerate_seed.json"
+# The other peers in fp32, as the benchmark's CPU comparison: Lightning Fabric (its wheel carried
+# in .whl where the machine lacks it) and the textbook script, one process each (torchrun's
+# variables as torchrun would set them for one).
+step fabric_seed "$STEP_S" "$PYTHON" -m ddp_abci.fabric_variant --epochs "${SEED_EPOCHS:-3}" \
+    --summary-json "$WORK/fabric_seed.json"
+step textbook_seed "$STEP_S" env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
+    MASTER_PORT=29534 "$PYTHON" -m ddp_abci.textbook --epochs "${SEED_EPOCHS:-3}" --summary-json "$WORK/textbook_seed.json"
 step raw_large_bf16 "$STEP_S" "$PYTHON" -m ddp_abci.train --epochs 2 --bs 16384 --num-items 262144 --dim-hidden 4096 \
     --amp bf16 --summary-json "$WORK/raw_large_bf16.json"
 step nccl_startup 60 "$PYTHON" scripts/lib/gpu_summary.py --nccl-startup "$WORK/nccl_startup.json"

@@ -1,4 +1,5 @@
-"""The Accelerate variant really trains distributed, and the benchmark reports both sides."""
+"""The Accelerate variant really trains distributed, and the benchmark reports every side it ran:
+raw, Accelerate, Fabric, the textbook script, and where raw's lead over the textbook comes from."""
 import json
 import re
 
@@ -54,28 +55,70 @@ def test_the_variant_refuses_to_start_without_the_rendezvous_variables(mpirun):
     assert "Accelerate needs MASTER_ADDR and MASTER_PORT" in proc.stdout
 
 
-def _bench(tmp_path, *extra):  # the tests using it ask for mpirun
+def _bench(tmp_path, *extra, sides="raw,accelerate"):  # the tests using it ask for mpirun
     out = tmp_path / "bench.json"
-    proc = run([PYTHON, "-m", "ddp_abci.bench", "--rounds", "1", "--sides", "raw,accelerate", "--no-probes",
-                *SMALL, "--out", str(out), *extra], timeout=240)
+    proc = run([PYTHON, "-m", "ddp_abci.bench", "--rounds", "1", "--sides", sides, "--no-probes",
+                *SMALL, "--out", str(out), *extra], timeout=400)
     return proc, json.loads(out.read_text())
+
+
+PEER_SIDES = ("raw", "accelerate", "fabric", "textbook")
 
 
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory, mpirun):
-    return _bench(tmp_path_factory.mktemp("bench"))
+    """One round of all four sides and the decomposition (eleven mpiruns of one small epoch)."""
+    pytest.importorskip("lightning", reason="lightning comes with the test extra")
+    return _bench(tmp_path_factory.mktemp("bench"), "--decompose", sides=",".join(PEER_SIDES))
 
 
-def test_a_tiny_benchmark_reports_both_sides_and_their_ratio(tiny_bench):
+def test_a_tiny_benchmark_reports_every_side_and_raws_ratio_to_each_peer(tiny_bench):
     proc, report = tiny_bench
     assert proc.returncode == 0, proc.stdout
-    for side in ("raw", "accelerate"):
+    assert list(report["sides"]) == list(PEER_SIDES)
+    for side in PEER_SIDES:
         s = report["sides"][side]
         assert s["samples_per_s"] > 0 and s["first_step_s"] > 0 and s["wall_s"] > s["first_step_s"]
         assert s["world_size"] == 2 and s["global_batch"] == 50 and len(report["runs"][side]) == 1
-    assert report["ratios"]["throughput raw / accelerate"] > 0
-    assert report["environment"]["torch"] and report["environment"]["accelerate"]
-    assert re.search(r"throughput raw / accelerate: \d+\.\d\d", proc.stdout)
+    for peer in PEER_SIDES[1:]:
+        assert report["ratios"][f"throughput raw / {peer}"] > 0
+        assert re.search(rf"throughput raw / {peer}: \d+\.\d\d", proc.stdout)
+    assert report["environment"]["torch"] and report["environment"]["accelerate"] and report["environment"]["lightning"]
+
+
+def test_the_default_sides_are_raw_accelerate_and_raw_on_one_rank():
+    from ddp_abci.compare.bench import build_parser
+
+    assert build_parser().parse_args([]).sides == "raw,accelerate,raw1"
+
+
+def test_an_unknown_side_is_refused_in_one_line_naming_the_sides():
+    proc = run([PYTHON, "-m", "ddp_abci.bench", "--sides", "raw,deepspeed"])
+    assert proc.returncode == 2
+    assert proc.stdout.strip() == ("error: unknown side 'deepspeed' in --sides; use raw, accelerate, raw1, fabric, "
+                                   "textbook")
+
+
+def test_the_peers_report_their_start_up_and_first_step_like_the_raw_side(tiny_bench):
+    proc, report = tiny_bench
+    for peer in ("fabric", "textbook"):
+        side = report["sides"][peer]
+        assert {"imports", "rendezvous and group", "preflight, model, DDP", "first step"} <= set(side["startup"])
+        assert sum(side["startup"].values()) == pytest.approx(side["first_step_s"], abs=0.5)
+
+
+def test_the_decomposition_goes_from_the_textbook_to_the_raw_trainer_one_named_switch_at_a_time(tiny_bench):
+    from ddp_abci.compare.textbook import SWITCHES
+
+    proc, report = tiny_bench
+    entries = report["decomposition"]
+    assert entries[0]["change"] == "the textbook script" and entries[0]["flags"] == []
+    assert [e["flags"][-1] for e in entries[1:-1]] == [flag for flag, _ in SWITCHES]  # one more flag each
+    assert entries[-1]["samples_per_s"] == report["sides"]["raw"]["samples_per_s"]  # ends at the raw side
+    assert all(e["samples_per_s"] > 0 for e in entries)
+    shares = [e["share_of_raw_lead"] for e in entries[1:]]
+    assert sum(shares) == pytest.approx(1.0)  # the steps add up to the whole lead
+    assert "where raw's lead over the textbook script comes from" in proc.stdout
 
 
 def test_the_start_up_phases_of_the_raw_side_are_reported(tiny_bench):

@@ -262,7 +262,7 @@ def test_the_gpu_check_records_each_step_under_out_even_when_steps_fail_or_hang(
     summary = json.loads((tmp_path / "out" / "gpu" / "gpu_check.json").read_text())
     steps = summary["steps"]
     assert set(steps) == {"environment", "raw_seed_fp16", "raw_seed_bf16", "raw_seed_no", "accelerate_seed",
-                          "raw_large_bf16", "nccl_startup"}, steps
+                          "fabric_seed", "textbook_seed", "raw_large_bf16", "nccl_startup"}, steps
     assert steps["raw_seed_no"]["status"] == "ok" and steps["raw_seed_no"]["samples_per_s"] > 0
     assert steps["raw_seed_no"]["first_step_s"] > 0
     assert steps["raw_seed_fp16"]["status"] == "failed, exit 2"

@@ -1,18 +1,27 @@
-"""The raw code is the same algorithm as Accelerate: minimal.py, the trainer and the Accelerate
-variant end one epoch of the seed's job with the same weights (2 ranks, fp32, same seed)."""
+"""The raw code is the same algorithm as its peers: minimal.py, the trainer, the Accelerate variant,
+the Fabric variant and the textbook script end one epoch of the seed's job with the same weights
+(2 ranks, fp32, same seed)."""
+import pytest
 import torch
 
-from helpers import assert_clean, env, load, mpirun_cmd, run
+from helpers import PYTHON, assert_clean, env, load, on_ranks, run
 
 ONE_EPOCH = ["--epochs", "1", "--seed", "0", "--bs", "50"]
 
 
-def weights(tmp_path, name, module, *args):
+def weights(tmp_path, name, module, *args, through=()):
+    """Run `module` on 2 ranks (behind the `through` wrapper, if any) and load the weights it saved."""
     path = tmp_path / f"{name}.pt"
-    proc = run(mpirun_cmd(2, *ONE_EPOCH, *args, "--save-model", str(path), module=module),
-               env=env(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531"), timeout=180)
+    cmd = on_ranks(2, *through, "-m", module, *ONE_EPOCH, *args, "--save-model", str(path))
+    proc = run(cmd, env=env(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531"), timeout=180)
     assert_clean(proc)
     return load(path)
+
+
+@pytest.fixture(scope="module")
+def trainer_no_fused(tmp_path_factory, mpirun):
+    """The raw trainer at the parity setting (torch's per-tensor Adam), strided split."""
+    return weights(tmp_path_factory.mktemp("trainer"), "train", "ddp_abci.train", "--no-fused-adam")
 
 
 def max_difference(a, b):
@@ -20,10 +29,22 @@ def max_difference(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-def test_minimal_py_and_the_trainer_end_with_the_same_weights(tmp_path, mpirun):
+def test_minimal_py_and_the_trainer_end_with_the_same_weights(tmp_path, trainer_no_fused):
     minimal = weights(tmp_path, "minimal", "ddp_abci.minimal", "--amp", "no")
-    trainer = weights(tmp_path, "train", "ddp_abci.train", "--no-fused-adam")
-    assert max_difference(minimal, trainer) <= 1e-5
+    assert max_difference(minimal, trainer_no_fused) <= 1e-5
+
+
+def test_fabric_and_the_trainer_end_with_the_same_weights(tmp_path, trainer_no_fused):
+    pytest.importorskip("lightning", reason="lightning comes with the test extra")
+    fabric = weights(tmp_path, "fabric", "ddp_abci.fabric_variant")
+    assert max_difference(fabric, trainer_no_fused) <= 1e-5  # measured: 0.0
+
+
+def test_the_textbook_script_and_the_trainer_end_with_the_same_weights(tmp_path, trainer_no_fused):
+    # torchrun's variables from Open MPI's, as the tutorial's script expects them
+    textbook = weights(tmp_path, "textbook", "ddp_abci.textbook", through=("-m", "ddp_abci.compare.accelerate_env",
+                                                                          PYTHON))
+    assert max_difference(textbook, trainer_no_fused) <= 1e-5  # measured: 0.0
 
 
 def test_the_contiguous_split_trainer_and_accelerate_end_with_the_same_weights(tmp_path, mpirun):

@@ -1,4 +1,5 @@
-"""Benchmark: the raw trainer against the Accelerate variant on the same job.
+"""Benchmark: the raw trainer against its peers on the same job: the Accelerate variant, the
+Fabric variant and the textbook script (--sides), and where raw's lead comes from (--decompose).
 
     OMPI_ALLOW_RUN_AS_ROOT=1 ... python -m ddp_abci.bench --world-size 2 --bs 50 --epochs 10 --rounds 3
 
@@ -25,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..dist.rendezvous import free_port
+from . import decomposition
 
 
 def mpirun_prefix(args: argparse.Namespace, ranks: int) -> list[str]:
@@ -35,26 +37,33 @@ def mpirun_prefix(args: argparse.Namespace, ranks: int) -> list[str]:
     return [args.mpirun, "-n", str(ranks), "--oversubscribe", *btl, *args.mpirun_args]
 
 
-def side_command(side: str, args: argparse.Namespace, summary: Path) -> list[str]:
-    """One fresh mpirun per side and round. 'raw1' is the raw trainer on one rank."""
+SIDES = ("raw", "accelerate", "raw1", "fabric", "textbook")
+PEERS = {"accelerate": "ddp_abci.compare.accelerate_variant", "fabric": "ddp_abci.compare.fabric_variant",
+         "textbook": "ddp_abci.compare.textbook"}
+
+
+def side_command(side: str, args: argparse.Namespace, summary: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    """One fresh mpirun per side and round. 'raw1' is the raw trainer on one rank; `extra`
+    are flags of the side's own (the textbook script's switches, for the decomposition)."""
     mpirun = mpirun_prefix(args, 1 if side == "raw1" else args.world_size)
     common = ["--bs", str(args.bs), "--amp", args.amp, "--workers", str(args.workers),
               "--epochs", str(args.epochs), "--max-steps", str(args.max_steps), "--num-items", str(args.num_items),
               "--summary-json", str(summary)]
     if side.startswith("raw"):
-        return [*mpirun, sys.executable, "-m", "ddp_abci.train", *common, *args.raw_args]
-    # Accelerate reads the rendezvous from the environment (env://), as in the seed's job script.
-    port = free_port(args.master_addr)
-    mpirun += ["-x", f"MASTER_ADDR={args.master_addr}", "-x", f"MASTER_PORT={port}"]
-    wrapper = [sys.executable, "-m", "ddp_abci.compare.accelerate_env"]  # torchrun's variables from Open MPI's
-    amp = "no" if args.amp == "auto" else args.amp
-    common[common.index("--amp") + 1] = amp
-    return [*mpirun, *wrapper, sys.executable, "-m", "ddp_abci.compare.accelerate_variant", *common]
+        return [*mpirun, sys.executable, "-m", "ddp_abci.train", *common, *args.raw_args, *extra]
+    common[common.index("--amp") + 1] = "no" if args.amp == "auto" else args.amp  # the peers compare fp32 here
+    if side == "fabric":  # Fabric's MPIEnvironment reads mpi4py and picks its own rendezvous
+        return [*mpirun, sys.executable, "-m", PEERS[side], *common, *extra]
+    # Accelerate and the textbook read the rendezvous from the environment (env://), as the
+    # seed's job script gives it, and torchrun's variables mapped from Open MPI's.
+    mpirun += ["-x", f"MASTER_ADDR={args.master_addr}", "-x", f"MASTER_PORT={free_port(args.master_addr)}"]
+    wrapper = [sys.executable, "-m", "ddp_abci.compare.accelerate_env"]
+    return [*mpirun, *wrapper, sys.executable, "-m", PEERS[side], *common, *extra]
 
 
-def run_side(side: str, args: argparse.Namespace, workdir: Path, round_: int) -> dict:
-    summary = workdir / f"{side}-{round_}.json"
-    cmd = side_command(side, args, summary)
+def run_side(side: str, args: argparse.Namespace, workdir: Path, round_: int, extra: tuple[str, ...] = ()) -> dict:
+    summary = workdir / f"{side}{'-'.join(('',) + extra)}-{round_}.json"
+    cmd = side_command(side, args, summary, extra)
     started = time.time()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
     wall = time.time() - started
@@ -119,7 +128,8 @@ def environment(mpirun: str) -> dict:
     mpi = subprocess.run([mpirun, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
             "cpu": _cpu_model(), "python": platform.python_version(), "torch": version("torch"),
-            "accelerate": version("accelerate"), "mpi": mpi.stdout.splitlines()[0] if mpi.stdout else None,
+            "accelerate": version("accelerate"), "lightning": version("lightning"),
+            "mpi": mpi.stdout.splitlines()[0] if mpi.stdout else None,
             "mpi4py": version("mpi4py"), "date": time.strftime("%Y-%m-%d")}
 
 
@@ -192,6 +202,10 @@ def ratios(sides: dict, probes: dict | None = None) -> dict:
 
     out = {"throughput raw / accelerate": ratio("raw", "accelerate", "samples_per_s"),
            "wall time raw / accelerate": ratio("raw", "accelerate", "wall_s")}
+    for peer in ("fabric", "textbook"):
+        if peer in sides:
+            out[f"throughput raw / {peer}"] = ratio("raw", peer, "samples_per_s")
+            out[f"wall time raw / {peer}"] = ratio("raw", peer, "wall_s")
     if "raw1" in sides:
         ranks = sides.get("raw", {}).get("world_size", "")
         out[f"throughput raw {ranks} ranks / 1 rank"] = ratio("raw", "raw1", "samples_per_s")
@@ -243,7 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--num-items", type=int, default=10000)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--sides", default="raw,accelerate,raw1", help="comma list of raw, accelerate, raw1 (raw on 1 rank)")
+    p.add_argument("--sides", default="raw,accelerate,raw1",
+                   help="comma list of raw, accelerate, raw1 (raw on 1 rank), fabric (Lightning Fabric), textbook "
+                        "(the DDP tutorial's script)")
+    p.add_argument("--decompose", action="store_true",
+                   help="also run the textbook script with the raw trainer's choices applied one after another "
+                        "(JSON key decomposition)")
     p.add_argument("--no-probes", action="store_true", help="skip the compute floor and all-reduce probes")
     p.add_argument("--raw-args", default="", help="extra arguments for the raw trainer, e.g. '--comm gloo'")
     p.add_argument("--mpirun", default=shutil.which("mpirun", path=str(Path(sys.executable).parent)) or "mpirun")
@@ -324,11 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.raw_args, args.mpirun_args = args.raw_args.split(), args.mpirun_args.split()
     sides = [s for s in args.sides.split(",") if s]
+    unknown = [s for s in sides if s not in SIDES]
+    if unknown:
+        print(f"error: unknown side {unknown[0]!r} in --sides; use {', '.join(SIDES)}", file=sys.stderr)
+        return 2
+    if args.decompose and "raw" not in sides:
+        sides.append("raw")  # the decomposition's last entry is the raw trainer, measured as a side
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     lockstep_rounds: list[dict] = []
     ddp_rounds: list[dict] = []
+    decomposition_rounds: list[list[dict]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
             for side in sides if round_ % 2 == 0 else reversed(sides):  # A B, B A: neither always goes first
@@ -336,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = runs[side][-1]
                 print(f"round {round_ + 1}/{args.rounds} {side}: " + (f"FAILED rc={r['rc']}" if r.get("failed")
                       else f"{r['samples_per_s']:,.0f} samples/s, wall {r['wall_s']:.1f}s"), flush=True)
+            if args.decompose:  # the textbook with raw's choices, in the same rounds as the sides
+                decomposition_rounds.append(decomposition.run_round(args, run_side, Path(tmp), round_))
             if not args.no_probes and args.world_size > 1:  # the floor in the same minutes as the sides
                 lockstep_rounds.append(lockstep_floor(args))
                 ddp_rounds.append(lockstep_floor(args, ddp=True))
@@ -344,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "png")},
               "environment": environment(args.mpirun), "sides": summary, "ratios": ratios(summary, probes),
               "probes": probes, "runs": runs}
+    if args.decompose:
+        report["decomposition"] = decomposition.summarise(decomposition_rounds, summary.get("raw", {}))
     if args.sweep:
         from .sweep import crossover, run_sweep, save_sweep_chart
 
@@ -356,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{report['sweep_crossover_global_batch']}")
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(format_table(report))
+    if args.decompose:
+        print("\n".join(decomposition.lines(report["decomposition"])))
     print(f"environment: {json.dumps(report['environment'])}")
     chart = Path(args.png) if args.png else out.with_suffix(".png")
     print(f"written: {out}" + (f", {chart}" if save_chart(report, chart) else " (no chart: matplotlib not installed)"))

@@ -15,7 +15,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
-SWEEP_SIDES = ("raw1", "raw", "accelerate")
+SWEEP_SIDES = ("raw1", "raw", "accelerate")  # and the other peers that --sides names
+
+
+def sweep_sides(args: argparse.Namespace) -> tuple[str, ...]:
+    return SWEEP_SIDES + tuple(s for s in ("fabric", "textbook") if s in args.sides.split(","))
 
 
 def run_sweep(args: argparse.Namespace, run_side, summarise, floors) -> list[dict]:
@@ -25,11 +29,12 @@ def run_sweep(args: argparse.Namespace, run_side, summarise, floors) -> list[dic
     for batch in (int(b) for b in args.sweep.split(",") if b):
         at = copy.copy(args)
         at.bs = batch
-        runs: dict[str, list[dict]] = {s: [] for s in SWEEP_SIDES}
+        sides = sweep_sides(args)
+        runs: dict[str, list[dict]] = {s: [] for s in sides}
         floor_rounds: list[dict] = []
         with tempfile.TemporaryDirectory() as tmp:
             for round_ in range(args.rounds):
-                for side in SWEEP_SIDES if round_ % 2 == 0 else reversed(SWEEP_SIDES):
+                for side in sides if round_ % 2 == 0 else reversed(sides):
                     runs[side].append(run_side(side, at, Path(tmp), round_))
                 floor_rounds.append(floors(at))  # beside the sides, in every round
         sides = {side: summarise(r) for side, r in runs.items()}
@@ -66,8 +71,11 @@ def save_sweep_chart(entries: list[dict], path: Path, title: str) -> bool:
         return False
     batches = [e["global_batch"] for e in entries]
     fig, ax = plt.subplots(figsize=(7, 4))
-    labels = {"raw1": "raw, 1 rank", "raw": "raw DDP, 2 ranks", "accelerate": "Accelerate, 2 ranks"}
+    labels = {"raw1": "raw, 1 rank", "raw": "raw DDP, 2 ranks", "accelerate": "Accelerate, 2 ranks",
+              "fabric": "Fabric, 2 ranks", "textbook": "textbook script, 2 ranks"}
     for side, label in labels.items():
+        if not any(side in e["sides"] for e in entries):
+            continue
         values = [e["sides"].get(side, {}).get("samples_per_s") for e in entries]
         ax.plot(batches, values, "o-", label=label)
     for key, label in (("one_process", "floor: 1 process"), ("lockstep", "floor: 2 ranks in lockstep")):
