@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark wrapper: raw DDP against the Accelerate variant, each round a fresh mpirun.
+# Benchmark wrapper: raw DDP against its peers (Accelerate, Fabric, the textbook script), each
+# round a fresh mpirun.
 # Arguments go to `python -m ddp_abci.bench` (see --help). On a cluster node, run it inside
 # a job (e.g. after the module loads of scripts/abci/train_abci3.sh) with PYTHON set.
 set -euo pipefail

@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import resource
 import sys
 import time
-from pathlib import Path
 
 from ..cli import OneLineParser, add_options, report
 from ..config import TrainConfig
 from ..dist.launch import launched_world_size
 from ..errors import UsageError
 from ..seed_job import SeedJob
+from .side import SideClock, peak_rss_mib, write
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,10 +93,9 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
     from ..data import LinspaceDataset
     from ..model import build_model, rmse_loss
 
-    started = time.time()
-    startup = {"process_unix": process_started or started, "imports_unix": started}
+    clock = SideClock(process_started or time.time())
     accelerator = make_accelerator(args.amp, args.as_written, args.seed)  # opens the process group
-    startup["group_unix"] = time.time()
+    clock.mark("group")
     world = accelerator.num_processes
     split = accelerator.split_batches  # what Accelerate will really do, not what was asked
     if split and args.global_batch % world:
@@ -116,9 +113,9 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
                         pin_memory=torch.cuda.is_available(), persistent_workers=args.workers > 0)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.0, 0.99))
     model, loader, optimizer = accelerator.prepare(model, loader, optimizer)
-    startup["ddp_unix"] = time.time()
+    clock.mark("ddp")
 
-    steps, timed_samples, t0, first_step, loss_mean = 0, 0, 0.0, None, float("nan")
+    steps, loss_mean = 0, float("nan")
     for epoch in range(args.epochs):
         loss_epoch, batches = torch.zeros((), device=accelerator.device), 0
         for x in loader:
@@ -128,11 +125,7 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
             optimizer.step()
             loss_epoch += loss.detach()
             steps, batches = steps + 1, batches + 1
-            now = time.perf_counter()
-            if first_step is None:
-                first_step, t0 = time.time(), now
-            else:
-                timed_samples += x.shape[0] * world
+            clock.step_done(x.shape[0] * world)
             if args.max_steps and steps >= args.max_steps:
                 break
         # The seed prints rank 0's own loss; the mean over ranks is what the raw trainer logs.
@@ -141,21 +134,14 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
                           f"global step {steps}")
         if args.max_steps and steps >= args.max_steps:
             break
-    elapsed = time.perf_counter() - t0
-    peak = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024], device=accelerator.device)
+    peak = torch.tensor([peak_rss_mib()], device=accelerator.device)
     peaks = accelerator.gather(peak).tolist()
-    if accelerator.is_main_process and args.summary_json:
+    if accelerator.is_main_process:
         import accelerate
 
-        Path(args.summary_json).write_text(json.dumps({
-            "side": "accelerate", "world_size": world, "global_batch": global_batch, "split_batches": split,
-            "precision": args.amp, "steps": steps, "final_loss": loss_mean,
-            "samples_per_s": timed_samples / elapsed if elapsed > 0 and timed_samples else None,
-            "start_unix": started, "first_step_unix": first_step, "startup_unix": startup,
-            "peak_mem_mib_per_rank": peaks,
-            "memory_kind": "max_rss", "device": str(accelerator.device), "torch": torch.__version__,
-            "accelerate": accelerate.__version__,
-        }, indent=1) + "\n")
+        write(args.summary_json, clock.summary("accelerate", world, global_batch, args.amp, steps, loss_mean, peaks,
+                                               split_batches=split, device=str(accelerator.device),
+                                               torch=torch.__version__, accelerate=accelerate.__version__))
     if args.save_model:
         accelerator.save(accelerator.unwrap_model(model).state_dict(), args.save_model)  # main process only
     # Free what holds the process group (DDP, and Accelerate's references to it) before the

@@ -1,7 +1,8 @@
 """Where data parallelism pays: `python -m ddp_abci.bench --sweep 50,200,800`.
 
-At each global batch: raw on 1 rank, raw on W ranks and Accelerate on W ranks (fresh mpiruns,
-alternating, as the main benchmark), and the floors measured at that batch in every round,
+At each global batch: raw on 1 rank, raw on W ranks and Accelerate on W ranks, and Fabric and
+the textbook script on W ranks when --sides names them (fresh mpiruns, alternating, as the main
+benchmark), and the floors measured at that batch in every round,
 beside the sides (the medians are reported): one process computing the whole batch, and W
 ranks in lockstep (compute plus one MPI all-reduce a step).
 Written under the JSON key `sweep` (one entry per batch, `global_batch` and `sides` shaped
