@@ -1,0 +1,286 @@
+"""The hung-rank watchdog: a collective that has not completed within --timeout ends the
+whole job, frozen ranks included, with one line naming who stopped answering (exit 69).
+
+MPI collectives have no timeout, and gloo's raises on one rank while a frozen peer keeps
+mpirun waiting: neither ends a job by itself. So each rank runs two small threads:
+
+* the watch thread checks every second or so what the main thread is in (`waiting` marks a
+  collective, `working` local work such as loss_fn or a checkpoint write). A collective
+  older than --timeout is the end: it prints the diagnosis and ends the job
+  (MPI_Abort under mpirun, which SIGKILLs every rank, stopped ones too). It never touches
+  the network, so it cannot hang itself;
+* the heartbeat thread writes this rank's step and phase to rank 0's rendezvous store every
+  few seconds, and reads every rank's while a collective has waited a quarter of the timeout. A
+  store call hangs for good when rank 0 is frozen (measured: torch 2.13's TCPStore client
+  never returns once its server is stopped), so it runs apart, and a call that does not come
+  back is itself the evidence against rank 0.
+
+Reading the heartbeats: a rank whose heartbeat stopped changing stopped answering (frozen,
+unreachable); ranks that are all alive yet never meet disagree about the collectives (the
+deadlock of rank-dependent code); a rank alive but working names what it works on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, NamedTuple
+
+from .launch import Launch
+
+EXIT_RANK_LOST = 69  # EX_UNAVAILABLE: a rank stopped answering; resubmit with --resume, check the named host
+KEY = "ddp_abci/heartbeat/{}"
+
+
+class Seen(NamedTuple):
+    beat: dict        # the rank's last heartbeat: seq, step, phase, collective, phase_s, host, wall
+    changed_at: float  # this process's monotonic time when that beat was first read
+
+
+def end_job(launch: Launch, status: int) -> None:
+    """End every rank of the job now, with `status`. Under mpirun MPI_Abort makes mpirun
+    SIGKILL every rank (measured: a SIGSTOPped peer too) and exit with `status`; a raise
+    would leave a frozen or waiting peer behind. Elsewhere this process exits, and the
+    launcher (torchrun, srun) ends the others."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if launch.source == "mpi4py" and launch.world_size > 1:
+        from mpi4py import MPI  # noqa: PLC0415  (mpi4py is optional)
+
+        # MPI_Abort waits for mpirun to take the job down; cut off from another host, that
+        # wait has no end (measured: a partition between two hosts): this rank leaves anyway.
+        threading.Timer(5.0, os._exit, args=(status,)).start()
+        MPI.COMM_WORLD.Abort(status)
+    os._exit(status)
+
+
+class _Phase:
+    """`with watchdog.waiting(name):` / `working(name)`: one entry of the main thread's stack."""
+
+    __slots__ = ("watchdog", "entry")
+
+    def __init__(self, watchdog: "Watchdog", name: str, collective: bool) -> None:
+        self.watchdog, self.entry = watchdog, (name, collective, 0.0)
+
+    def __enter__(self) -> None:
+        name, collective, _ = self.entry
+        self.watchdog.stack.append((name, collective, time.monotonic()))
+
+    def __exit__(self, kind, error, tb) -> None:
+        entry = self.watchdog.stack.pop()
+        # gloo's own timeout (the process group's, the same --timeout) may fire before the
+        # watch thread looks: the same diagnosis, not a traceback.
+        if error is not None and entry[1] and timed_out(error):
+            self.watchdog.expire(entry)
+
+
+def peer_lost(error: BaseException) -> bool:
+    """gloo's error when another rank's process ended (it aborted, or was killed)."""
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("closed by peer" in text or "reset by peer" in text)
+
+
+def timed_out(error: BaseException) -> bool:
+    """gloo's own collective timeout (the process group's), as it raises it."""
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("timed out" in text or "timeout" in text)
+
+
+class Watchdog:
+    """One per rank, started after the process group opens, stopped before it closes."""
+
+    def __init__(self, launch: Launch, timeout_s: float, *, end: Callable[[int], None] | None = None,
+                 record: Callable[[int, str], None] | None = None) -> None:
+        """end(status) ends the job (end_job by default); record(status, line) keeps the
+        verdict where the job script finds it, before the job ends (the Trainer's DIR/status)."""
+        self.launch, self.timeout_s, self.record = launch, timeout_s, record
+        self.end = end or (lambda status: end_job(launch, status))
+        self.step = 0
+        self.stack: list[tuple[str, bool, float]] = [("starting up", False, time.monotonic())]
+        self.checkpoint = "no checkpoint was written (no --ckpt-dir)"
+        self.host = socket.gethostname()
+        # Heartbeats every 1/8 of the timeout (at most 5 s): from a quarter of the timeout on,
+        # a waiting rank reads everyone's at least 5 times before it decides.
+        self.interval = min(5.0, max(0.2, timeout_s / 8))
+        self.seen: dict[int, Seen] = {}
+        self.store_call_since: float | None = None  # a store call under way since then
+        self.store_error = ""
+        self.pause_gap = max(3 * min(1.0, timeout_s / 10), 2.0)
+        self.last_watch = self.paused_at = time.monotonic() - 2 * self.pause_gap
+        self._stop = threading.Event()
+        self._ending = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    # -- the main thread's side ------------------------------------------------------
+
+    def waiting(self, name: str) -> _Phase:
+        """Around a collective: timed against --timeout."""
+        return _Phase(self, name, True)
+
+    def working(self, name: str) -> _Phase:
+        """Around local work (loss_fn, a checkpoint write): shown to the others, not timed."""
+        return _Phase(self, name, False)
+
+    def note_checkpoint(self, step: int, path: object) -> None:
+        """Rank 0 writes the checkpoints and knows each as soon as it is on disk; the others
+        know the last one rank 0 confirmed, and a newer one may have been written since."""
+        if self.launch.rank == 0:
+            self.checkpoint = f"last checkpoint step {step} at {path} is intact"
+        else:
+            self.checkpoint = f"the checkpoints in {os.path.dirname(str(path))} are intact (the last one confirmed: step {step})"
+
+    # -- threads ---------------------------------------------------------------------
+
+    def start(self) -> "Watchdog":
+        if self.launch.world_size > 1:
+            for target, name in ((self._watch, "ddp_abci-watchdog"), (self._beat, "ddp_abci-heartbeat")):
+                thread = threading.Thread(target=target, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        """Before the process group closes. A heartbeat thread stuck in a store call (its
+        server gone) is a daemon: it is left, and dies with the process."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=self.interval + 1)
+        self._threads.clear()
+
+    def _watch(self) -> None:
+        check = min(1.0, self.timeout_s / 10)
+        self.last_watch = time.monotonic()
+        while not self._stop.wait(check):
+            now = time.monotonic()
+            if now - self.last_watch > self.pause_gap:
+                # This process was stopped itself (SIGSTOP; mpirun sends SIGCONT before its
+                # SIGKILL): its clock ran on while it could see nothing, so it judges no one.
+                self.paused_at = now
+            self.last_watch = now
+            if self._paused_recently():
+                continue
+            entry = self.stack[-1]
+            if entry[1] and now - entry[2] > self.timeout_s:
+                self.expire(entry)
+
+    def _beat(self) -> None:
+        try:
+            import torch.distributed as dist  # noqa: PLC0415  (a thread of its own: see the module docstring)
+
+            store = self._store_call(lambda: dist.TCPStore(self.launch.master_addr, self.launch.master_port,
+                                                           self.launch.world_size, False,
+                                                           timedelta(seconds=max(2 * self.interval, 1.0))))
+        except Exception as e:  # no store to reach: the watch thread still ends a hung job
+            self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
+            return
+        seq, keys = 0, [KEY.format(r) for r in range(self.launch.world_size)]
+        while not self._stop.is_set():
+            seq += 1
+            name, collective, since = self.stack[-1]
+            beat = {"seq": seq, "step": self.step, "phase": name, "collective": collective, "host": self.host,
+                    "phase_s": time.monotonic() - since, "wall": time.time()}
+            try:
+                self._store_call(lambda: store.set(KEY.format(self.launch.rank), json.dumps(beat)))
+                if collective and time.monotonic() - since > self.timeout_s / 4:
+                    # get() waits for a key that does not exist yet: ask only for those that do.
+                    there = [k for k in keys if self._store_call(lambda k=k: store.check([k]))]
+                    self._read(there, self._store_call(lambda: store.multi_get(there)))
+            except Exception as e:  # the store's host is gone: the watch thread will say so
+                self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
+                if self._stop.is_set():
+                    return
+            self._stop.wait(self.interval)
+
+    def _store_call(self, call):
+        self.store_call_since = time.monotonic()
+        try:
+            return call()
+        finally:
+            self.store_call_since = None
+
+    def _read(self, keys: list[str], values: list[bytes]) -> None:
+        now = time.monotonic()
+        for key, raw in zip(keys, values):
+            rank, beat = int(key.rsplit("/", 1)[1]), json.loads(raw)
+            previous = self.seen.get(rank)
+            if previous is None or previous.beat["seq"] != beat["seq"]:
+                self.seen[rank] = Seen(beat, now)
+
+    # -- the end ---------------------------------------------------------------------
+
+    def _paused_recently(self) -> bool:
+        """This process was stopped a moment ago (the watch thread saw the gap, or has not run
+        since): the others are ending the job, or will judge it themselves."""
+        now = time.monotonic()
+        return now - self.last_watch > self.pause_gap or now - self.paused_at < self.pause_gap
+
+    def expire(self, entry: tuple[str, bool, float]) -> None:
+        """A collective outlived --timeout: one line, then the job ends. Once per process."""
+        if not self._ending.acquire(blocking=False):
+            time.sleep(3600)  # the other thread is ending the job: this one waits to be killed
+        if self._paused_recently():
+            time.sleep(5 * self.pause_gap)  # thawed to be killed: no verdict; still here, judge afresh
+        if any(r < self.launch.rank and self._fresh(r) and self.seen[r].beat["collective"] for r in self.seen):
+            time.sleep(4 * self.interval)  # a lower rank waits too and says the same: let it speak first
+        line = f"error: {self.diagnose(entry)}"
+        print(line, file=sys.stderr, flush=True)
+        if self.record is not None:
+            self.record(EXIT_RANK_LOST, line)
+        self.end(EXIT_RANK_LOST)
+
+    def _fresh(self, rank: int) -> bool:
+        """Its heartbeat changed within the last 3 intervals: as this rank saw it change, and
+        by the beat's own clock (hosts' clocks agree to milliseconds where NTP runs)."""
+        seen = self.seen.get(rank)
+        return seen is not None and self._age(seen) <= 3 * self.interval
+
+    @staticmethod
+    def _age(seen: Seen) -> float:
+        return max(time.monotonic() - seen.changed_at, time.time() - seen.beat["wall"])
+
+    def diagnose(self, entry: tuple[str, bool, float]) -> str:
+        name, _, since = entry
+        now, me = time.monotonic(), self.launch.rank
+        waited = f"rank {me} (host {self.host}) waited {now - since:.0f} s in the {name} at step {self.step}"
+        store_stuck = self.store_call_since is not None and now - self.store_call_since > 3 * self.interval
+        lost, busy, waiting = [], [], []
+        for rank in range(self.launch.world_size):
+            if rank == me:
+                continue
+            if not self._fresh(rank):
+                lost.append(rank)
+            elif self.seen[rank].beat["collective"]:
+                waiting.append(rank)
+            else:
+                busy.append(rank)
+        if store_stuck and me != 0:
+            held = now - self.store_call_since
+            line = (f"{self._describe(0, 'stopped answering')}: the rendezvous store on its host has not answered "
+                    f"for {held:.0f} s ({waited})")
+        elif lost:
+            line = "; ".join(self._describe(r, "stopped answering") for r in lost) + f" ({waited})"
+        elif busy:
+            line = ("; ".join(self._describe(r, "is alive but never reached the collective") for r in busy)
+                    + f" ({waited})")
+        else:
+            others = ", ".join(f"rank {r} in the {self.seen[r].beat['phase']} at step {self.seen[r].beat['step']}"
+                               for r in waiting)
+            line = (f"the ranks are alive but disagree about the collectives (rank-dependent code around a "
+                    f"collective?): rank {me} in the {name} at step {self.step}, {others}")
+        return f"{line}; --timeout is {self.timeout_s:g} s; the job ends (exit {EXIT_RANK_LOST}); {self.checkpoint}"
+
+    def _describe(self, rank: int, what: str) -> str:
+        seen = self.seen.get(rank)
+        if seen is None:
+            where = f" (at {self.launch.master_addr}, which holds the rendezvous store)" if rank == 0 else ""
+            return f"rank {rank}{where} {what} (no heartbeat read from it{self._store_note()})"
+        beat, age = seen.beat, self._age(seen)
+        return (f"rank {rank} (host {beat['host']}) {what} at step {beat['step']} (last seen {age:.0f} s ago, in "
+                f"the {beat['phase']} for {beat['phase_s']:.0f} s)")
+
+    def _store_note(self) -> str:
+        return f"; the store said {self.store_error}" if self.store_error else ""
