@@ -161,9 +161,13 @@ def test_ctrl_c_in_one_process_saves_says_where_and_exits_75(tmp_path):
 
 def test_ctrl_c_at_the_terminal_of_run_local_stops_every_rank_with_a_checkpoint_and_exit_75(tmp_path):
     # A real terminal: Ctrl-C goes to the foreground process group, as when a person types it.
-    code = ("import os, pty, select, sys, time\n"
+    # The terminal's shell starts run_local.sh with SIGINT at its default: a suite started in the
+    # background (`cmd &` without job control) inherits it ignored, and bash cannot trap a signal
+    # ignored on entry, so the child resets it, as a login shell would.
+    code = ("import os, pty, signal, sys\n"
             "pid, fd = pty.fork()\n"
             "if pid == 0:\n"
+            "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
             "    os.execvp('bash', ['bash', 'scripts/run_local.sh', '--epochs', '1000', '--num-items', '400',"
             f" '--ckpt-dir', {str(tmp_path)!r}])\n"
             "out = b''\n"
