@@ -89,6 +89,9 @@ def test_a_thread_that_finds_its_own_process_was_paused_judges_no_one():
     thread.start()
     thread.join(timeout=1.0)
     assert ended == [] and thread.is_alive()  # it waits to be ended, no verdict
+    watchdog.stop()  # its wait ends, still without a verdict (left alive, it spoke 10 s later)
+    thread.join(timeout=1.0)
+    assert ended == [] and not thread.is_alive()
 
 
 @pytest.mark.parametrize("error, lost", [(RuntimeError("... Connection closed by peer [127.0.0.1]:3 ..."), True),

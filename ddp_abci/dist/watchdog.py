@@ -221,11 +221,15 @@ class Watchdog:
     def expire(self, entry: tuple[str, bool, float]) -> None:
         """A collective outlived --timeout: one line, then the job ends. Once per process."""
         if not self._ending.acquire(blocking=False):
-            time.sleep(3600)  # the other thread is ending the job: this one waits to be killed
-        if self._paused_recently():
-            time.sleep(5 * self.pause_gap)  # thawed to be killed: no verdict; still here, judge afresh
-        if any(r < self.launch.rank and self._fresh(r) and self.seen[r].beat["collective"] for r in self.seen):
-            time.sleep(4 * self.interval)  # a lower rank waits too and says the same: let it speak first
+            self._stop.wait(3600)  # the other thread is ending the job: this one waits to be killed
+            return
+        # Each wait below ends early on stop(): a run that closed meanwhile gets no verdict.
+        if self._paused_recently() and self._stop.wait(5 * self.pause_gap):
+            return  # thawed to be killed: no verdict; still here after the wait, judge afresh
+        lower_waits = any(r < self.launch.rank and self._fresh(r) and self.seen[r].beat["collective"]
+                          for r in self.seen)
+        if lower_waits and self._stop.wait(4 * self.interval):
+            return  # a lower rank waits too and says the same: let it speak first
         line = f"error: {self.diagnose(entry)}"
         print(line, file=sys.stderr, flush=True)
         if self.record is not None:
