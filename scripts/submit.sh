@@ -39,9 +39,13 @@ limit=$(to_seconds "$walltime")
 [ "$limit" -ge 60 ] || die "-t $walltime is too short: give at least 00:01:00"
 # The trainer stops at its --stop-after, a margin before the limit (a quarter of a short
 # walltime, at most 2 minutes: job_common.sh); the scheduler's warning signal is the fallback
-# and comes after it: Slurm's --signal at half the margin, Grid Engine's s_rt (where its
-# SIGUSR1 comes) at the margin, the deadline then taken from s_rt. Never longer than the job.
+# and must not come before it. Grid Engine: s_rt (where its SIGUSR1 comes) at the margin, the
+# deadline then taken from s_rt. Slurm "may send the signal up to 60 seconds earlier than
+# specified" (man sbatch, --signal; seen here: a 1-minute job's USR1 came 26 s in), so it is
+# asked for 60 s after the planned stop, and not at all when the margin is under a minute
+# (Slurm's SIGTERM at the limit is then the fallback).
 margin=$(margin_s "$limit")
+slurm_warning=$(( margin - 60 ))
 
 mkdir -p "${SUBMIT_DIR:=$PWD/.submit}"  # on the shared file system, where the jobs can read it
 envfile=$(mktemp "$SUBMIT_DIR/job.XXXXXX.env")
@@ -69,7 +73,8 @@ submit_line() {
             [ -n "$after" ] && cmd+=(-hold_jid "$after")
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci2.sh) ;;
         slurm)
-            cmd=(sbatch --parsable -N "$nodes" -t "$walltime" "--signal=B:USR1@$(( margin / 2 ))")
+            cmd=(sbatch --parsable -N "$nodes" -t "$walltime")
+            [ "$slurm_warning" -gt 0 ] && cmd+=("--signal=B:USR1@$slurm_warning")
             [ -n "$group" ] && cmd+=(-A "$group")
             [ -n "$after" ] && cmd+=("--dependency=afterany:$after")
             cmd+=("--export=ALL,DDP_ABCI_ENV=$envfile" scripts/slurm/train.sbatch) ;;
