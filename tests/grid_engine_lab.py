@@ -8,11 +8,12 @@ What worked, and why each step is there: ../shared/real-schedulers.md (read 2026
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from helpers import stop_by_pid
 
 SGE_ROOT = Path("/var/lib/gridengine")
 COMMON = SGE_ROOT / "default" / "common"
@@ -125,19 +126,7 @@ class GridEngineLab:
 
     def down(self) -> None:
         self.run("qdel", "-u", "root")
-        for pid in reversed(self.pids):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 15
-        for pid in self.pids:
-            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-                time.sleep(0.2)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_by_pid(self.pids, grace_s=15)
 
 
 QUEUE = """qname all.q

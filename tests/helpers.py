@@ -126,6 +126,49 @@ def assert_no_thread_outlives_the_process_group(proc: subprocess.CompletedProces
         assert "gloo" not in line and "tcpstore" not in line, line
 
 
+def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
+    """A set-up command of the labs (namespaces, links, keys): its failure fails the set-up."""
+    return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def kill_in_netns(ns: str, spare: tuple[int, ...] | list[int] = ()) -> None:
+    """SIGKILL every process in network namespace `ns` but those in `spare`, so that it can go."""
+    for pid in subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE, text=True).stdout.split():
+        if int(pid) not in spare:
+            _kill(int(pid), signal.SIGKILL)
+
+
+def stop_by_pid(pids: list[int], grace_s: float) -> None:
+    """Stop the daemons a lab started: SIGTERM, the newest first, then SIGKILL to any still
+    there after `grace_s` seconds in all."""
+    for pid in reversed(pids):
+        _kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _kill(pid, signal.SIGKILL)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # reaps it when it is our child (a zombie would look alive)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 

@@ -12,20 +12,17 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import textwrap
 import time
 from pathlib import Path
 
+from helpers import kill_in_netns, sh, stop_by_pid
+
 NET, BRIDGE_ADDR = "10.78.0.0/24", "10.78.0.254"
 NODES = {"h1": "10.78.0.1", "h2": "10.78.0.2"}
 HOSTS_MARK = "# ddp_abci slurm lab"
-
-
-def sh(*cmd: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 class SlurmLab:
@@ -180,36 +177,10 @@ class SlurmLab:
         subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         for ns in self.made_ns:  # the jobs' processes first: they live in the nodes' namespaces
-            for pid in subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE, text=True).stdout.split():
-                if int(pid) not in self.pids:
-                    _kill(int(pid), signal.SIGKILL)
-        for pid in reversed(self.pids):
-            _kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for pid in self.pids:
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            _kill(pid, signal.SIGKILL)
+            kill_in_netns(ns, spare=self.pids)
+        stop_by_pid(self.pids, grace_s=10)
         for ns in self.made_ns:
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
         subprocess.run(["ip", "link", "del", self.bridge], stderr=subprocess.DEVNULL)
         self._hosts_file(add=False)
 
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -16,13 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MPIRUN, PYTHON, REPO, env, load, wait_for_line
+from helpers import MPIRUN, PYTHON, REPO, env, kill_in_netns, load, sh, wait_for_line
 
 NET, A, B, UNREACHABLE = "10.77.0.0/24", "10.77.0.1", "10.77.0.2", "10.77.1.1"
-
-
-def _sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 class TwoHosts:
@@ -35,25 +31,25 @@ class TwoHosts:
 
     def up(self) -> None:
         for ns in self.ns.values():
-            _sh("ip", "netns", "add", ns)
+            sh("ip", "netns", "add", ns)
             self.made.append(ns)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
             Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
             # IPv4-mapped entries too: the rendezvous store listens on IPv6 and looks peers up by them.
             Path(f"/etc/netns/{ns}/hosts").write_text(
                 f"127.0.0.1 localhost\n{A} hosta\n{B} hostb\n::ffff:{A} hosta\n::ffff:{B} hostb\n")
         a, b = self.ns["hosta"], self.ns["hostb"]
-        _sh("ip", "link", "add", self.iface_a, "netns", a, "type", "veth", "peer", "name", self.iface_b, "netns", b)
-        _sh("ip", "-n", a, "addr", "add", f"{A}/24", "dev", self.iface_a)
-        _sh("ip", "-n", b, "addr", "add", f"{B}/24", "dev", self.iface_b)
+        sh("ip", "link", "add", self.iface_a, "netns", a, "type", "veth", "peer", "name", self.iface_b, "netns", b)
+        sh("ip", "-n", a, "addr", "add", f"{A}/24", "dev", self.iface_a)
+        sh("ip", "-n", b, "addr", "add", f"{B}/24", "dev", self.iface_b)
         # An address of host A's that host B has no route to.
-        _sh("ip", "-n", a, "addr", "add", f"{UNREACHABLE}/32", "dev", "lo")
+        sh("ip", "-n", a, "addr", "add", f"{UNREACHABLE}/32", "dev", "lo")
         for ns, iface in ((a, self.iface_a), (b, self.iface_b)):
-            _sh("ip", "-n", ns, "link", "set", iface, "up")
+            sh("ip", "-n", ns, "link", "set", iface, "up")
             # A cut link: TCP retransmits an unanswered send 15 times by default, about 15
             # minutes, and Open MPI's mpirun waits that long for the cut-off host's daemon
             # (measured). These hosts give up after 3, in seconds, as a site tuned for it does.
-            _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_retries2=3")
+            sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_retries2=3")
         self.agent.write_text(textwrap.dedent(f"""\
             #!/bin/sh
             # ssh stand-in for Open MPI: AGENT [options] HOST COMMAND runs COMMAND on HOST's namespace.
@@ -66,12 +62,7 @@ class TwoHosts:
 
     def down(self) -> None:
         for ns in self.made:
-            pids = subprocess.run(["ip", "netns", "pids", ns], stdout=subprocess.PIPE, text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), 9)
-                except (ProcessLookupError, ValueError):
-                    pass
+            kill_in_netns(ns)
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
 
@@ -112,7 +103,7 @@ class TwoHosts:
         raise AssertionError(f"no rank on {host}")
 
     def link(self, state: str) -> None:
-        _sh("ip", "-n", self.ns["hosta"], "link", "set", self.iface_a, state)
+        sh("ip", "-n", self.ns["hosta"], "link", "set", self.iface_a, state)
 
 
 @pytest.fixture(scope="module")
