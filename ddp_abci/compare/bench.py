@@ -200,10 +200,9 @@ def ratios(sides: dict, probes: dict | None = None) -> dict:
             return None
         return sa[key] / sb[key]
 
-    out = {"throughput raw / accelerate": ratio("raw", "accelerate", "samples_per_s"),
-           "wall time raw / accelerate": ratio("raw", "accelerate", "wall_s")}
-    for peer in ("fabric", "textbook"):
-        if peer in sides:
+    out = {}
+    for peer in PEERS:
+        if peer == "accelerate" or peer in sides:  # Accelerate's keys always, as before the other peers
             out[f"throughput raw / {peer}"] = ratio("raw", peer, "samples_per_s")
             out[f"wall time raw / {peer}"] = ratio("raw", peer, "wall_s")
     if "raw1" in sides:
@@ -377,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         from .sweep import crossover, run_sweep, save_sweep_chart
 
-        report["sweep"] = run_sweep(args, run_side, summarise, sweep_floors)
+        report["sweep"] = run_sweep(args, sides, run_side, summarise, sweep_floors)
         report["sweep_crossover_global_batch"] = crossover(report["sweep"])
         sweep_png = out.with_name(out.stem + "-sweep.png")
         if save_sweep_chart(report["sweep"], sweep_png, f"{args.world_size} ranks vs 1, {args.amp}, "

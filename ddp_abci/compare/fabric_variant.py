@@ -15,6 +15,7 @@ lightning is imported only when this module runs: an optional extra (`bench`).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -110,8 +111,6 @@ def run(args: argparse.Namespace, process_started: float) -> int:
     # Fabric 2.6 ends only an NCCL group itself, at exit (lightning/fabric/utilities/distributed.py,
     # _init_dist_connection registers _destroy_dist_connection for "nccl"); gloo's it leaves open.
     del model, optimizer, loader
-    import gc
-
     gc.collect()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

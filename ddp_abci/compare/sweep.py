@@ -19,18 +19,15 @@ from pathlib import Path
 SWEEP_SIDES = ("raw1", "raw", "accelerate")  # and the other peers that --sides names
 
 
-def sweep_sides(args: argparse.Namespace) -> tuple[str, ...]:
-    return SWEEP_SIDES + tuple(s for s in ("fabric", "textbook") if s in args.sides.split(","))
-
-
-def run_sweep(args: argparse.Namespace, run_side, summarise, floors) -> list[dict]:
-    """One entry per global batch; the callables are bench.py's, shared with the main
-    benchmark (`floors(args)`: one round's floors at args.bs, in samples/s for all ranks)."""
+def run_sweep(args: argparse.Namespace, named: list[str], run_side, summarise, floors) -> list[dict]:
+    """One entry per global batch, for SWEEP_SIDES and the other sides `named` (--sides); the
+    callables are bench.py's, shared with the main benchmark (`floors(args)`: one round's
+    floors at args.bs, in samples/s for all ranks)."""
+    sides = SWEEP_SIDES + tuple(s for s in named if s not in SWEEP_SIDES)
     entries = []
     for batch in (int(b) for b in args.sweep.split(",") if b):
         at = copy.copy(args)
         at.bs = batch
-        sides = sweep_sides(args)
         runs: dict[str, list[dict]] = {s: [] for s in sides}
         floor_rounds: list[dict] = []
         with tempfile.TemporaryDirectory() as tmp:
@@ -38,10 +35,10 @@ def run_sweep(args: argparse.Namespace, run_side, summarise, floors) -> list[dic
                 for side in sides if round_ % 2 == 0 else reversed(sides):
                     runs[side].append(run_side(side, at, Path(tmp), round_))
                 floor_rounds.append(floors(at))  # beside the sides, in every round
-        sides = {side: summarise(r) for side, r in runs.items()}
+        results = {side: summarise(r) for side, r in runs.items()}
         entry_floors = {name: _median([r[name] for r in floor_rounds if r.get(name)]) for name in FLOORS}
-        entries.append({"global_batch": batch, "sides": sides, "floors": entry_floors})
-        shown = ", ".join(f"{s} {v['samples_per_s']:,.0f}" for s, v in sides.items() if not v.get("failed"))
+        entries.append({"global_batch": batch, "sides": results, "floors": entry_floors})
+        shown = ", ".join(f"{s} {v['samples_per_s']:,.0f}" for s, v in results.items() if not v.get("failed"))
         print(f"sweep global batch {batch}: {shown} samples/s; floors {entry_floors}", flush=True)
     return entries
 
