@@ -13,6 +13,7 @@ one of the raw trainer's choices, so that the benchmark can show where its lead 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -111,8 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.save_model:
             torch.save(model.module.state_dict(), args.save_model)
     del model, optimizer  # DDP freed before the group: see dist/process_group.close_process_group
-    import gc
-
     gc.collect()
     dist.destroy_process_group()
     return 0
@@ -120,36 +119,17 @@ def main(argv: list[str] | None = None) -> int:
 
 def _batches(loader, sampler, dataset, args):
     """The epoch's batches: the tutorial's `for source in self.train_data`, or, with the
-    raw trainer's data switches, its batched fetch and its direct read."""
+    raw trainer's data switches, its own code (data.batch_fetcher, data.iterate)."""
     if not (args.batched_fetch or args.direct_loader):
         return lambda: iter(loader)
-    from torch.utils.data import default_collate
-
-    fetch = (lambda idx: dataset[idx]) if args.batched_fetch else (lambda idx: default_collate([dataset[i]
-                                                                                                for i in idx]))
-    size = loader.batch_size
-    if args.direct_loader:
-        return lambda: (fetch(idx) for idx in _chunks(list(sampler), size))
     from torch.utils.data import DataLoader
     from torch.utils.data.sampler import BatchSampler
 
-    batched = DataLoader(_Fetch(fetch), batch_size=None, sampler=BatchSampler(sampler, size, drop_last=False))
-    return lambda: iter(batched)
+    from ..data import batch_fetcher, iterate
 
-
-def _chunks(order, size):
-    for first in range(0, len(order), size):
-        yield order[first:first + size]
-
-
-class _Fetch:
-    """A dataset answering a list of indices with the whole batch, for DataLoader(batch_size=None)."""
-
-    def __init__(self, fetch):
-        self.fetch = fetch
-
-    def __getitem__(self, indices):
-        return self.fetch(indices)
+    batched = DataLoader(batch_fetcher(dataset, batched=args.batched_fetch), batch_size=None,
+                         sampler=BatchSampler(sampler, loader.batch_size, drop_last=False))
+    return lambda: iterate(batched, direct=args.direct_loader)
 
 
 if __name__ == "__main__":
