@@ -3,8 +3,8 @@
 The embedding API, one function per step (each in the module named for its concern):
 
     from ddp_abci import discover_launch, distributed, build_model, wrap_model, build_loader
-    launch = discover_launch()                      # dist/launch.py: rank, sizes, rendezvous
-    with distributed(launch) as device:           # dist/process_group.py: NCCL or gloo, torn down on exit
+    launch = discover_launch()                      # parallel/launch.py: rank, sizes, rendezvous
+    with distributed(launch) as device:           # parallel/process_group.py: NCCL or gloo, torn down on exit
         model = wrap_model(build_model(seed=0), device, launch.world_size)   # model.py
         loader = build_loader(LinspaceDataset(), launch, global_batch=50)      # data.py
         precision = resolve_precision("auto", device)                          # precision.py
@@ -18,9 +18,9 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Launch": "dist.launch", "LaunchOptions": "dist.launch", "discover_launch": "dist.launch",
-    "open_process_group": "dist.process_group", "close_process_group": "dist.process_group",
-    "distributed": "dist.process_group", "choose_device": "dist.process_group",
+    "Launch": "parallel.launch", "LaunchOptions": "parallel.launch", "discover_launch": "parallel.launch",
+    "open_process_group": "parallel.process_group", "close_process_group": "parallel.process_group",
+    "distributed": "parallel.process_group", "choose_device": "parallel.process_group",
     "LinspaceDataset": "data", "build_loader": "data", "per_rank_batch": "data",
     "SimpleModule": "model", "build_model": "model", "wrap_model": "model", "unwrap": "model",
     "rmse_loss": "model",
@@ -30,11 +30,12 @@ _EXPORTS = {
     "RunError": "errors", "Diverged": "errors", "SaveFailed": "errors", "RankFailed": "errors",
     "RunPlan": "plan", "plan_run": "plan",
     "build_optimizer": "model", "seed_optimizer": "model", "AutoencoderLoss": "model",
-    "ShardBatchSampler": "data", "to_device": "data", "StopRequest": "dist.signals", "EXIT_STOPPED": "dist.signals",
-    "Watchdog": "dist.watchdog", "EXIT_RANK_LOST": "dist.watchdog",
-    "gather": "dist.collectives", "gather_for_metrics": "dist.collectives", "reduce": "dist.collectives",
-    "print_main": "dist.collectives", "print_per_node": "dist.collectives",
-    "wait_for_everyone": "dist.collectives", "main_process_first": "dist.collectives",
+    "ShardBatchSampler": "data", "to_device": "data",
+    "StopRequest": "parallel.signals", "EXIT_STOPPED": "parallel.signals",
+    "Watchdog": "parallel.watchdog", "EXIT_RANK_LOST": "parallel.watchdog",
+    "gather": "parallel.collectives", "gather_for_metrics": "parallel.collectives", "reduce": "parallel.collectives",
+    "print_main": "parallel.collectives", "print_per_node": "parallel.collectives",
+    "wait_for_everyone": "parallel.collectives", "main_process_first": "parallel.collectives",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -11,9 +11,9 @@ import sys
 from dataclasses import fields
 from typing import Any, Iterable, Mapping, TypeVar
 
-from .dist.launch import launched_rank
 from .errors import RunError
 from .options import default_of, flag_of
+from .parallel.launch import launched_rank
 
 T = TypeVar("T")
 

@@ -12,7 +12,7 @@ from .errors import UsageError
 from .options import check_fields, option, setting
 
 # The choices live here, where the command line checks them before torch loads;
-# precision.py, schedule.py and dist/mpi_hook.py check theirs from here.
+# precision.py, schedule.py and parallel/mpi_hook.py check theirs from here.
 AMP_CHOICES = ("auto", "no", "fp16", "bf16")
 COMM_CHOICES = ("auto", "mpi", "gloo", "nccl")
 SCHEDULE_CHOICES = ("constant", "cosine")

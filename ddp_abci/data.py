@@ -9,8 +9,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_co
 
 from .config import SPLIT_CHOICES as SPLITS
 from .config import name
-from .dist.launch import Launch
 from .errors import UsageError
+from .parallel.launch import Launch
 
 
 class LinspaceDataset(Dataset):

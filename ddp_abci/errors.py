@@ -4,9 +4,9 @@ with its own exit status (the job scripts read it to decide whether to resubmit)
     0   done
     2   bad input (UsageError): nothing was trained or written; fix the named setting
     65  diverged (Diverged): the loss or gradients stopped being finite; last good checkpoint kept
-    69  a rank stopped answering within --timeout (dist.watchdog): resubmit with --resume, check the named host
+    69  a rank stopped answering within --timeout (parallel.watchdog): resubmit with --resume, check the named host
     74  a checkpoint could not be written (SaveFailed): free space or fix the folder, then --resume
-    75  stopped by SIGTERM/SIGUSR1/SIGINT or --stop-after, checkpoint saved (dist.signals.EXIT_STOPPED): resubmit
+    75  stopped by SIGTERM/SIGUSR1/SIGINT or --stop-after, checkpoint saved (parallel.signals.EXIT_STOPPED): resubmit
 """
 
 EXIT_USAGE = 2

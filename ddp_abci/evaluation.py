@@ -7,9 +7,9 @@ import torch
 from torch.utils.data import Dataset
 
 from .data import ShardBatchSampler, batch_fetcher, batch_len, to_device
-from .dist.collectives import gather_for_metrics, reduce
-from .dist.launch import Launch
 from .model import AutoencoderLoss, LossFn
+from .parallel.collectives import gather_for_metrics, reduce
+from .parallel.launch import Launch
 from .precision import autocast
 
 # A metric maps (model, batch) to one value per item of the batch: accuracy's 0/1, an RMSE.

@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .cli import report
 from .config import TrainConfig
-from .dist.signals import StopRequest
 from .errors import RunError, UsageError
+from .parallel.signals import StopRequest
 from .seed_job import SeedJob
 
 
@@ -78,10 +78,10 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, parts: 
         import torch._dynamo  # noqa: F401  DDP's and torch.optim's constructors load it anyway
         import torch.distributed as dist
 
-        from .dist.collectives import print_main
-        from .dist.launch import discover_launch
-        from .dist.process_group import choose_device, distributed
-        from .dist.watchdog import end_job, peer_lost
+        from .parallel.collectives import print_main
+        from .parallel.launch import discover_launch
+        from .parallel.process_group import choose_device, distributed
+        from .parallel.watchdog import end_job, peer_lost
         from .plan import plan_run
         from .trainer import Trainer
 

@@ -8,9 +8,9 @@ import torch
 
 from .config import COMM_CHOICES, TrainConfig, name
 from .data import per_rank_batch
-from .dist.launch import Launch
 from .errors import UsageError
 from .options import check_choice
+from .parallel.launch import Launch
 from .precision import resolve_precision
 
 

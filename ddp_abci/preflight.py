@@ -14,10 +14,10 @@ from . import checkpoint as ckpt
 from . import resume
 from .config import TrainConfig, name, turn_on
 from .data import CollateFailed, batch_fetcher, batch_len, check_item, to_device
-from .dist.collectives import broadcast_error, broadcast_object, print_main, raise_if_any_rank_failed
-from .dist.launch import Launch
 from .errors import UsageError
 from .model import LossFn, unwrap
+from .parallel.collectives import broadcast_error, broadcast_object, print_main, raise_if_any_rank_failed
+from .parallel.launch import Launch
 from .precision import autocast
 from .tracking import check_tensorboard_installed
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .dist.collectives import raise_if_any_rank_failed
 from .errors import UsageError
+from .parallel.collectives import raise_if_any_rank_failed
 
 INSTALL_TENSORBOARD = "pip install 'ddp_abci[tensorboard]'"
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import sys
 
-from .dist.signals import StopRequest
+from .parallel.signals import StopRequest
 
 
 def build_parser():  # -> argparse.ArgumentParser
     from .cli import OneLineParser, add_options
     from .config import TrainConfig
-    from .dist.launch import LaunchOptions
+    from .parallel.launch import LaunchOptions
     from .seed_job import SeedJob
 
     p = OneLineParser(prog="python -m ddp_abci.train",
@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
 
         from .cli import build, report
         from .config import TrainConfig
-        from .dist.launch import LaunchOptions
         from .errors import UsageError
         from .lifecycle import fit
+        from .parallel.launch import LaunchOptions
         from .seed_job import SeedJob
 
         args = build_parser().parse_args(argv)

@@ -9,7 +9,7 @@ the ranks wait for each other for ever. The Trainer's are the methods marked @co
 each says so, is called on every rank unconditionally, and skips itself by configuration
 (no --ckpt-dir, no --summary-json), never by rank. An `if launch.is_main:` around one of
 them is the classic DDP deadlock; here it ends the job within --timeout with a line naming
-each rank's step and collective (dist.watchdog), not a hang.
+each rank's step and collective (parallel.watchdog), not a hang.
 """
 from __future__ import annotations
 
@@ -33,15 +33,22 @@ from . import preflight
 from . import resume as snap
 from .config import TrainConfig, name, turn_on
 from .data import CollateFailed, batch_len, build_loader, iterate, to_device
-from .dist.collectives import all_ranks, broadcast_buffers, broadcast_error, check_replicas_agree, print_main, reduce
-from .dist.launch import Launch
-from .dist.mpi_hook import register_mpi_hook
-from .dist.signals import EXIT_STOPPED, StopRequest, signal_name
-from .dist.stopping import StopAgreement
-from .dist.watchdog import Watchdog, peer_lost, timed_out
 from .errors import Diverged, RankFailed, RunError, SaveFailed, UsageError
 from .evaluation import MetricFn, combine, default_metrics, evaluate_shard
 from .model import LossFn, OptimizerFactory, compile_model, make_optimizer, seed_optimizer, unwrap, wrap_model
+from .parallel.collectives import (
+    all_ranks,
+    broadcast_buffers,
+    broadcast_error,
+    check_replicas_agree,
+    print_main,
+    reduce,
+)
+from .parallel.launch import Launch
+from .parallel.mpi_hook import register_mpi_hook
+from .parallel.signals import EXIT_STOPPED, StopRequest, signal_name
+from .parallel.stopping import StopAgreement
+from .parallel.watchdog import Watchdog, peer_lost, timed_out
 from .plan import RunPlan, plan_run
 from .precision import autocast, make_scaler
 from .schedule import build_schedule
@@ -232,7 +239,7 @@ class Trainer:
     def close(self) -> None:
         """Release DDP, its hooks and the optimizer, so that the process group can really be
         freed when it is closed: gloo joins its worker threads only when the last reference
-        goes (see dist/process_group.close_process_group). Safe to call twice."""
+        goes (see parallel/process_group.close_process_group). Safe to call twice."""
         if self.trackers is not None:
             self.trackers.close()
         self.model = self.ddp = self.optimizer = self.scheduler = self.loader = self.sampler = None

@@ -6,9 +6,9 @@ from pathlib import Path
 import torch
 
 from ddp_abci.data import LinspaceDataset, ShardBatchSampler
-from ddp_abci.dist.collectives import gather, gather_for_metrics, main_process_first, reduce, wait_for_everyone
-from ddp_abci.dist.launch import discover_launch
-from ddp_abci.dist.process_group import distributed
+from ddp_abci.parallel.collectives import gather, gather_for_metrics, main_process_first, reduce, wait_for_everyone
+from ddp_abci.parallel.launch import discover_launch
+from ddp_abci.parallel.process_group import distributed
 
 marker = Path(sys.argv[1])
 launch = discover_launch()

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
 from ddp_abci import TrainConfig, fit
-from ddp_abci.dist.launch import discover_launch
+from ddp_abci.parallel.launch import discover_launch
 
 RANK = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 g = torch.Generator().manual_seed(0)

@@ -47,15 +47,15 @@ record("backend", torch.distributed.get_backend())
 record("threads", torch.get_num_threads())
 
 # -- the epoch loss: each rank's own, or the mean over ranks --------------------------------
-from ddp_abci.dist.collectives import reduce  # noqa: E402
+from ddp_abci.parallel.collectives import reduce  # noqa: E402
 
 own = torch.tensor(float(RANK + 1))  # each rank's epoch loss differs
 record("loss_own_and_means", [own.item(), accelerator.reduce(own, "mean").item(), reduce(own, "mean").item()])
 
 # -- print: once per node (on each node's local main process) ------------------------------
 
-from ddp_abci.dist.collectives import print_main, print_per_node  # noqa: E402
-from ddp_abci.dist.launch import Launch  # noqa: E402
+from ddp_abci.parallel.collectives import print_main, print_per_node  # noqa: E402
+from ddp_abci.parallel.launch import Launch  # noqa: E402
 
 as_if_two_nodes = Launch(RANK, 2, 0, 1, "127.0.0.1", 1, "test")  # each rank alone on its node
 printed = {}
@@ -100,7 +100,7 @@ record("lookahead", seen)
 
 # -- the raw trainer: the same compile order, and its short last group ------------------------
 from ddp_abci.config import TrainConfig  # noqa: E402
-from ddp_abci.dist.launch import discover_launch  # noqa: E402
+from ddp_abci.parallel.launch import discover_launch  # noqa: E402
 from ddp_abci.seed_job import SeedJob  # noqa: E402
 from ddp_abci.trainer import Trainer  # noqa: E402
 
@@ -110,7 +110,7 @@ os.environ.pop("LOCAL_RANK")
 os.environ.pop("LOCAL_WORLD_SIZE")
 os.environ.pop("MASTER_PORT")  # Accelerate's store may still hold it: rank 0 picks a free one
 launch = discover_launch()
-from ddp_abci.dist.process_group import distributed  # noqa: E402
+from ddp_abci.parallel.process_group import distributed  # noqa: E402
 
 with distributed(launch) as device:
     with Trainer(TrainConfig(compile=True, global_batch=10), launch, device, seed_job=SeedJob(num_items=40)) as t:

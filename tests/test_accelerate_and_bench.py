@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from ddp_abci.dist.rendezvous import free_port
+from ddp_abci.parallel.rendezvous import free_port
 from helpers import PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, on_ranks, run
 
 pytest.importorskip("accelerate", reason="accelerate comes with the test extra: scripts/setup.sh installs it")

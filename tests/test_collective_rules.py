@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from ddp_abci.dist.launch import Launch
-from ddp_abci.dist.watchdog import EXIT_RANK_LOST, Seen, Watchdog, peer_lost
+from ddp_abci.parallel.launch import Launch
+from ddp_abci.parallel.watchdog import EXIT_RANK_LOST, Seen, Watchdog, peer_lost
 from ddp_abci.trainer import Trainer
 
-# What makes a collective inside the Trainer: the helpers of dist/ and the evaluation's combine.
+# What makes a collective inside the Trainer: the helpers of parallel/ and the evaluation's combine.
 COLLECTIVE_CALLS = re.compile(r"\b(all_ranks|broadcast_error|broadcast_buffers|check_replicas_agree|reduce|combine|"
                               r"agreement\.agree|share_\w+|RunTrackers)\(")
 

@@ -124,7 +124,7 @@ def test_an_fp16_overflow_skips_the_step_and_leaves_weights_optimizer_and_schedu
     # GradScaler("cpu") drive the same Trainer code that runs on GPUs. A scale of 2**127
     # makes the scaled loss overflow float32, as a too-high scale does on a GPU.
     from ddp_abci.config import TrainConfig
-    from ddp_abci.dist.launch import discover_launch
+    from ddp_abci.parallel.launch import discover_launch
     from ddp_abci.seed_job import SeedJob
     from ddp_abci.trainer import Trainer
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from ddp_abci import train as cli
 from ddp_abci.config import TrainConfig
-from ddp_abci.dist.launch import LaunchOptions
 from ddp_abci.options import default_of, flag_of
+from ddp_abci.parallel.launch import LaunchOptions
 from ddp_abci.seed_job import SeedJob
 from ddp_abci.trainer import Trainer
 from helpers import assert_clean, train

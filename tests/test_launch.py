@@ -4,8 +4,8 @@ import socket
 import pytest
 
 from ddp_abci.dist import launch as launch_mod
-from ddp_abci.dist.launch import LaunchError, discover_launch
-from ddp_abci.dist.rendezvous import AddressUnusable, check_bindable, interface_address, routable_address
+from ddp_abci.parallel.launch import LaunchError, discover_launch
+from ddp_abci.parallel.rendezvous import AddressUnusable, check_bindable, interface_address, routable_address
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from ddp_abci import train as command
 from ddp_abci.cli import OneLineParser, add_options, build
 from ddp_abci.compare.accelerate_variant import build_parser as accelerate_parser
 from ddp_abci.config import TrainConfig
-from ddp_abci.dist.launch import LaunchOptions
 from ddp_abci.errors import UsageError
 from ddp_abci.options import flag_of, not_a_flag, option
+from ddp_abci.parallel.launch import LaunchOptions
 from ddp_abci.seed_job import SeedJob
 
 CLASSES = (TrainConfig, SeedJob, LaunchOptions)

@@ -64,7 +64,7 @@ def test_accelerates_seedable_split_batches_are_the_contiguous_split_batch_for_b
     from torch.utils.data import BatchSampler
 
     from ddp_abci.data import LinspaceDataset, ShardBatchSampler
-    from ddp_abci.dist.launch import Launch
+    from ddp_abci.parallel.launch import Launch
 
     ds = LinspaceDataset(num_items=400)
     for rank in range(2):

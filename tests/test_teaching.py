@@ -13,11 +13,11 @@ import torch
 
 from ddp_abci import minimal
 from ddp_abci.data import BatchedView, LinspaceDataset, ShardBatchSampler, batch_fetcher, build_loader, iterate
-from ddp_abci.dist.collectives import check_replicas_agree, gather_for_metrics  # noqa: F401  (rows name them)
-from ddp_abci.dist.launch import Launch
-from ddp_abci.dist.process_group import cpu_threads
 from ddp_abci.errors import UsageError
 from ddp_abci.model import seed_optimizer, wrap_model
+from ddp_abci.parallel.collectives import check_replicas_agree, gather_for_metrics  # noqa: F401  (rows name them)
+from ddp_abci.parallel.launch import Launch
+from ddp_abci.parallel.process_group import cpu_threads
 from ddp_abci.plan import resolve_comm
 from ddp_abci.precision import autocast, resolve_precision
 from ddp_abci.trainer import Trainer, seed_everything
@@ -67,7 +67,7 @@ def test_process_start(facts):
     # the raw launch reads mpi4py and writes nothing.
     assert facts["env_before"][1]["RANK"] is None and facts["env_after"][1]["RANK"] == "1"
     assert facts["num_processes"] == [2, 2] and facts["process_index"] == [0, 1]
-    code = ("import os, ddp_abci.dist.launch as l; before = dict(os.environ); l.discover_launch(); "
+    code = ("import os, ddp_abci.parallel.launch as l; before = dict(os.environ); l.discover_launch(); "
             "print(dict(os.environ) == before)")
     assert run([os.sys.executable, "-c", code], env=env()).stdout.strip() == "True"
 
@@ -158,7 +158,7 @@ def test_the_epoch_loss_print(facts):
 def test_end_of_script(facts):
     # end_training() destroys the group; the seed never calls it (nor destroys the group)
     assert facts["group_after_end_training"] == [False, False]
-    assert "dist.destroy_process_group()" in inspect.getsource(minimal.main)
+    assert "parallel.destroy_process_group()" in inspect.getsource(minimal.main)
 
 
 def test_accumulate(facts):
@@ -274,7 +274,7 @@ def test_even_batches():
 
 def test_end_training(facts):
     assert facts["group_after_end_training"] == [False, False]
-    from ddp_abci.dist.process_group import close_process_group
+    from ddp_abci.parallel.process_group import close_process_group
 
     assert "destroy_process_group" in inspect.getsource(close_process_group)
 
@@ -379,8 +379,8 @@ SEED_BLOCKS = {  # the seed's line -> what minimal.py does instead
     "epochs": ["sampler.set_epoch(epoch)", "x.to(device, non_blocking=True)"],
     "forward": ["optimizer.zero_grad(set_to_none=True)", "torch.autocast(", ".mean().sqrt()"],
     "backward": ["scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()"],
-    "print": ["dist.all_reduce(totals)", "if rank == 0:"],
-    "end": ["model.module.state_dict()", "gc.collect()", "dist.destroy_process_group()"],
+    "print": ["parallel.all_reduce(totals)", "if rank == 0:"],
+    "end": ["model.module.state_dict()", "gc.collect()", "parallel.destroy_process_group()"],
 }
 
 

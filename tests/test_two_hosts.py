@@ -68,7 +68,7 @@ class TwoHosts:
 
     def mpi_args(self) -> list[str]:
         # OMP_NUM_THREADS=1: both "hosts" share this machine's 2 cores; a rank alone on its host
-        # would take both (dist/process_group.cpu_threads) and the two would crawl.
+        # would take both (parallel/process_group.cpu_threads) and the two would crawl.
         return ["--prtemca", "plm_ssh_agent", str(self.agent), "--mca", "btl_tcp_if_include", NET,
                 "--prtemca", "oob_tcp_if_include", NET, "-x", "PATH", "-x", "OMP_NUM_THREADS=1"]
 

@@ -9,10 +9,10 @@ import torch
 from ddp_abci import checkpoint as ckpt
 from ddp_abci.config import TrainConfig
 from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, iterate, per_rank_batch
-from ddp_abci.dist.launch import Launch
-from ddp_abci.dist.signals import StopRequest
 from ddp_abci.errors import UsageError
 from ddp_abci.model import SimpleModule
+from ddp_abci.parallel.launch import Launch
+from ddp_abci.parallel.signals import StopRequest
 from ddp_abci.precision import make_scaler, resolve_precision
 
 CPU = torch.device("cpu")
@@ -226,8 +226,8 @@ def test_bf16_on_a_gpu_that_only_emulates_it_is_refused_naming_fp16(monkeypatch)
 def test_an_nccl_error_at_init_is_a_backend_failure_not_a_rendezvous_one(monkeypatch):
     import torch.distributed as dist
 
-    from ddp_abci.dist.launch import Launch
-    from ddp_abci.dist.process_group import BackendFailed, open_process_group
+    from ddp_abci.parallel.launch import Launch
+    from ddp_abci.parallel.process_group import BackendFailed, open_process_group
 
     def fail(*args, **kwargs):
         raise dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp, unhandled cuda error")

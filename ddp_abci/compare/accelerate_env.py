@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..dist.launch import port_from_job_id
+from ..parallel.launch import port_from_job_id
 
 COPIES = {"RANK": "OMPI_COMM_WORLD_RANK", "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
           "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE"}

@@ -26,8 +26,8 @@ import time
 
 from ..cli import OneLineParser, add_options, report
 from ..config import TrainConfig
-from ..dist.launch import launched_world_size
 from ..errors import UsageError
+from ..parallel.launch import launched_world_size
 from ..seed_job import SeedJob
 from .side import SideClock, peak_rss_mib, write
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, process_started: float | None = None) -> int:
     import accelerate  # noqa: F401  here, so that the start-up's imports phase holds it
     import torch
-    import torch.distributed.nn.functional  # noqa: F401  before the group: see dist/process_group.py
+    import torch.distributed.nn.functional  # noqa: F401  before the group: see parallel/process_group.py
     from torch.utils.data import DataLoader
 
     from ..data import LinspaceDataset

@@ -25,7 +25,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from ..dist.rendezvous import free_port
+from ..parallel.rendezvous import free_port
 from . import decomposition
 
 

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, process_started: float) -> int:
     import lightning.fabric as L
     import torch
-    import torch.distributed.nn.functional  # noqa: F401  before the group: see dist/process_group.py
+    import torch.distributed.nn.functional  # noqa: F401  before the group: see parallel/process_group.py
     from lightning.fabric.plugins.environments import MPIEnvironment
     from torch.utils.data import DataLoader, DistributedSampler
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace, process_started: float) -> int:
             torch.save(getattr(model, "module", model).state_dict(), args.save_model)
     if world > 1:
         fabric.barrier()
-    # Free DDP before the group goes (see dist/process_group.close_process_group), then end it:
+    # Free DDP before the group goes (see parallel/process_group.close_process_group), then end it:
     # Fabric 2.6 ends only an NCCL group itself, at exit (lightning/fabric/utilities/distributed.py,
     # _init_dist_connection registers _destroy_dist_connection for "nccl"); gloo's it leaves open.
     del model, optimizer, loader

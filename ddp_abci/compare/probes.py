@@ -50,8 +50,8 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> 
 
     import torch
 
-    from ..dist.launch import discover_launch
-    from ..dist.process_group import distributed
+    from ..parallel.launch import discover_launch
+    from ..parallel.process_group import distributed
     from ..plan import resolve_comm
 
     launch = discover_launch()
@@ -71,8 +71,8 @@ def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockste
     import torch
 
     from ..data import LinspaceDataset
-    from ..dist.mpi_hook import register_mpi_hook
     from ..model import build_model, build_optimizer, rmse_loss, wrap_model
+    from ..parallel.mpi_hook import register_mpi_hook
     from ..precision import autocast, make_scaler, resolve_precision
 
     precision = resolve_precision(amp, device)
@@ -137,9 +137,9 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
     import torch
     import torch.distributed as dist
 
-    from ..dist.launch import discover_launch
-    from ..dist.process_group import distributed
     from ..model import SimpleModule
+    from ..parallel.launch import discover_launch
+    from ..parallel.process_group import distributed
 
     numel = sum(p.numel() for p in SimpleModule().parameters())
     launch = discover_launch()
@@ -154,7 +154,7 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
         if "mpi" in backends and device.type == "cpu":
             from mpi4py import MPI
 
-            from ..dist.mpi_hook import mpi_max_vector
+            from ..parallel.mpi_hook import mpi_max_vector
 
             arr = buf.numpy()
             out["mpi_ms"] = fastest(lambda: MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM), iters, device)

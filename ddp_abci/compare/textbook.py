@@ -25,8 +25,8 @@ from .accelerate_variant import SHARED_FLAGS
 from .side import SideClock, peak_rss_mib, write
 
 # The raw trainer's choices, one flag each, in the order the benchmark applies them.
-SWITCHES = (("--share-threads", "CPU threads shared out: cores / local ranks (dist/process_group.cpu_threads)"),
-            ("--mpi-hook", "gradients all-reduced through MPI (dist/mpi_hook.py) instead of gloo"),
+SWITCHES = (("--share-threads", "CPU threads shared out: cores / local ranks (parallel/process_group.cpu_threads)"),
+            ("--mpi-hook", "gradients all-reduced through MPI (parallel/mpi_hook.py) instead of gloo"),
             ("--bucket-view", "gradients kept in DDP's all-reduce buckets (gradient_as_bucket_view): one copy less"),
             ("--fused-adam", "the fused Adam (one kernel per parameter group)"),
             ("--batched-fetch", "each batch made in one call (LinspaceDataset's batched_getitem)"),
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import torch
     import torch.distributed as dist
-    import torch.distributed.nn.functional  # noqa: F401  before the group: see dist/process_group.py
+    import torch.distributed.nn.functional  # noqa: F401  before the group: see parallel/process_group.py
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     model = DDP(build_model(args.seed).to(device), device_ids=[local_rank] if device.type == "cuda" else None,
                 gradient_as_bucket_view=args.bucket_view)
     if args.mpi_hook:
-        from ..dist.mpi_hook import register_mpi_hook
+        from ..parallel.mpi_hook import register_mpi_hook
 
         register_mpi_hook(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.0, 0.99), fused=args.fused_adam or None)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                                                device=str(device), torch=torch.__version__, switches=switches))
         if args.save_model:
             torch.save(model.module.state_dict(), args.save_model)
-    del model, optimizer  # DDP freed before the group: see dist/process_group.close_process_group
+    del model, optimizer  # DDP freed before the group: see parallel/process_group.close_process_group
     gc.collect()
     dist.destroy_process_group()
     return 0

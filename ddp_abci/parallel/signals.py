@@ -1,8 +1,10 @@
 """Stop signals: SIGTERM (PBS and Grid Engine at walltime, forwarded by mpirun), SIGUSR1
 (Slurm's --signal; forwarded by mpirun without ending the job) and SIGINT (Ctrl-C) ask every
-rank to finish its step, save, and exit 75. A second Ctrl-C interrupts at once. This module only records the request; the training loop decides when
-all ranks agree (see stopping.StopAgreement). It imports nothing heavy, so that the command
-line can install the handlers before torch loads: a signal during start-up is kept too.
+rank to finish its step, save, and exit 75. A second Ctrl-C interrupts at once.
+
+This module only records the request; the training loop decides when all ranks agree (see
+stopping.StopAgreement). It imports nothing heavy, so that the command line can install the
+handlers before torch loads: a signal during start-up is kept too.
 """
 from __future__ import annotations
 

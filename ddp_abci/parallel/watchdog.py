@@ -131,7 +131,8 @@ class Watchdog:
         if self.launch.rank == 0:
             self.checkpoint = f"last checkpoint step {step} at {path} is intact"
         else:
-            self.checkpoint = f"the checkpoints in {os.path.dirname(str(path))} are intact (the last one confirmed: step {step})"
+            self.checkpoint = (f"the checkpoints in {os.path.dirname(str(path))} are intact "
+                               f"(the last one confirmed: step {step})")
 
     # -- threads ---------------------------------------------------------------------
 
@@ -171,9 +172,8 @@ class Watchdog:
         try:
             import torch.distributed as dist  # noqa: PLC0415  (a thread of its own: see the module docstring)
 
-            store = self._store_call(lambda: dist.TCPStore(self.launch.master_addr, self.launch.master_port,
-                                                           self.launch.world_size, False,
-                                                           timedelta(seconds=max(2 * self.interval, 1.0))))
+            store = self._store_call(dist.TCPStore, self.launch.master_addr, self.launch.master_port,
+                                     self.launch.world_size, False, timedelta(seconds=max(2 * self.interval, 1.0)))
         except Exception as e:  # no store to reach: the watch thread still ends a hung job
             self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
             return
@@ -184,21 +184,21 @@ class Watchdog:
             beat = {"seq": seq, "step": self.step, "phase": name, "collective": collective, "host": self.host,
                     "phase_s": time.monotonic() - since, "wall": time.time()}
             try:
-                self._store_call(lambda: store.set(KEY.format(self.launch.rank), json.dumps(beat)))
+                self._store_call(store.set, KEY.format(self.launch.rank), json.dumps(beat))
                 if collective and time.monotonic() - since > self.timeout_s / 4:
                     # get() waits for a key that does not exist yet: ask only for those that do.
-                    there = [k for k in keys if self._store_call(lambda k=k: store.check([k]))]
-                    self._read(there, self._store_call(lambda: store.multi_get(there)))
+                    there = [k for k in keys if self._store_call(store.check, [k])]
+                    self._read(there, self._store_call(store.multi_get, there))
             except Exception as e:  # the store's host is gone: the watch thread will say so
                 self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
                 if self._stop.is_set():
                     return
             self._stop.wait(self.interval)
 
-    def _store_call(self, call):
+    def _store_call(self, call, *args):
         self.store_call_since = time.monotonic()
         try:
-            return call()
+            return call(*args)
         finally:
             self.store_call_since = None
 
