@@ -1,16 +1,19 @@
-"""Checkpoint: atomic writes of DIR/last.pt (the one before kept as DIR/prev.pt) and
-validated, weights_only loads.
+"""Checkpoint files: atomic writes of DIR/last.pt (the ones before kept as DIR/prev.pt,
+DIR/prev2.pt, ... with --keep), validated weights_only loads, and DIR/status.
 
 Format (other tools read these keys): model, optimizer, scaler, scheduler, epoch, step,
 world_size, config, plus for exact resume: batch_in_epoch, global_batch, train_items,
-rng (rank 0's generators), rng_per_rank, and format = FORMAT. Checkpoints of earlier
-versions of this format (with a sampler_epoch key, without train_items or rng_per_rank)
-still load.
+rng (rank 0's generators), rng_per_rank, and format = FORMAT; with fit(state=...) one key
+`state/NAME` per object (and `state/NAME_per_rank` where the ranks' values differ), with a
+stream, `data_per_rank`. Checkpoints of earlier versions of this format (with a
+sampler_epoch key, without train_items or rng_per_rank) still load. What writes them, when:
+checkpoint_manager.py.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import random
 import shutil
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import UsageError
+from .errors import SaveFailed, UsageError
 
 FORMAT = "ddp_abci/1"
 FILENAME = "last.pt"
@@ -30,12 +33,12 @@ PREVIOUS = "prev.pt"
 STATUS = "status"  # the run's verdict, key=value lines: the job scripts read it (docs/abci.md)
 # torch.save writes to `.<name>.<random>.tmp` beside the file (save_atomic); a rank killed
 # mid-write leaves one behind, which the next run's preflight removes.
-STALE_PATTERNS = (f".{FILENAME}.*.tmp", f".{PREVIOUS}.*.tmp", f".{STATUS}.*.tmp")
+STALE_PATTERNS = (f".{FILENAME}.*.tmp", ".prev*.pt.*.tmp", f".{STATUS}.*.tmp")
 REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_size", "config",
             "batch_in_epoch", "global_batch", "rng")
 # Every key a checkpoint holds: REQUIRED, which a load insists on, and those older versions
 # of the format lacked (docs/reliability.md documents each).
-KEYS = (*REQUIRED, "train_items", "rng_per_rank", "scheduler")
+KEYS = (*REQUIRED, "train_items", "rng_per_rank", "scheduler", "data_per_rank")
 
 
 class CheckpointError(UsageError):
@@ -57,17 +60,21 @@ def check_writable(ckpt_dir: str | os.PathLike) -> None:
                               "choose a writable folder") from None
 
 
-def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> None:
+def save_atomic(state: dict[str, Any] | memoryview, path: str | os.PathLike) -> None:
     """Write to a temporary file in the same folder, flush it to disk, then rename it over
     `path`. A crash at any point leaves either the old file or the new one, whole:
-    rename within one file system is atomic, and fsync orders the data before it."""
+    rename within one file system is atomic, and fsync orders the data before it.
+    `state` is a dict for torch.save, or the bytes torch.save already made (serialize())."""
     path = Path(path)
     if path.exists() and not path.is_file():  # a rename over /dev/null would replace the device
         raise OSError(errno.EINVAL, "not a regular file, refusing to replace it", str(path))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            if isinstance(state, memoryview):
+                f.write(state)  # releases the GIL for the whole write: see checkpoint_manager
+            else:
+                torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -79,6 +86,31 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> None:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+def previous_names(keep: int) -> list[str]:
+    """The names the checkpoints before last.pt are kept under, newest first: prev.pt,
+    prev2.pt, ... (keep - 1 of them)."""
+    return [PREVIOUS] + [f"prev{i}.pt" for i in range(2, keep)] if keep > 1 else []
+
+
+def resume_candidates(ckpt_dir: str | os.PathLike) -> list[Path]:
+    """DIR's checkpoints, newest first: last.pt, then the kept ones that exist."""
+    folder = Path(ckpt_dir)
+    kept = {int(p.stem[4:] or 1): p for p in folder.glob("prev*.pt") if p.stem[4:] in ("", *map(str, range(2, 1000)))}
+    return [folder / FILENAME] + [kept[n] for n in sorted(kept) if kept[n].is_file()]
+
+
+def rotate(path: Path, keep: int) -> None:
+    """Before a new last.pt is written: each kept checkpoint moves one name older (prev.pt
+    to prev2.pt, ...; the oldest beyond `keep` is replaced), then last.pt becomes prev.pt.
+    Every step is one atomic rename, so at every instant each file is whole."""
+    names = previous_names(keep)
+    for older, newer in zip(reversed(names[1:]), reversed(names[:-1])):
+        if path.with_name(newer).exists():
+            os.replace(path.with_name(newer), path.with_name(older))
+    if names:
+        keep_previous(path)
 
 
 def keep_previous(path: Path) -> None:
@@ -109,6 +141,13 @@ def remove_stale_temporaries(ckpt_dir: Path) -> list[Path]:
     for p in stale:
         p.unlink(missing_ok=True)
     return stale
+
+
+def serialize(state: dict[str, Any]) -> memoryview:
+    """torch.save into memory (no second copy: a view of the buffer), for save_atomic."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getbuffer()
 
 
 def write_status(ckpt_dir: str | os.PathLike, status: int, *, finished: bool, step: int, line: str,
@@ -150,6 +189,15 @@ def disk_space_error(ckpt_dir: Path, need: int) -> str | None:
     return (f"--ckpt-dir {ckpt_dir} has {_mb(free)} free, a checkpoint of this run takes about {_mb(need)} "
             f"and saving needs twice that ({_mb(2 * need)}: the new file beside the kept one); "
             "free space there or choose a --ckpt-dir with more room")
+
+
+def save_weights(model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """The trained weights alone (the model's state_dict), as accelerator.save does; a failure
+    is one line (SaveFailed: the run's checkpoint is already saved, exit 74)."""
+    try:
+        save_atomic(model.state_dict(), path)
+    except Exception as e:
+        raise SaveFailed(save_failure(e, Path(path))) from None
 
 
 def save_failure(error: BaseException, path: Path) -> str:

@@ -11,9 +11,9 @@ import sys
 from dataclasses import fields
 from typing import Any, Iterable, Mapping, TypeVar
 
+from .environments import launched_rank
 from .errors import RunError
-from .options import default_of, flag_of
-from .parallel.launch import launched_rank
+from .options import default_of, flag_of, number_or_word
 
 T = TypeVar("T")
 
@@ -45,6 +45,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type, title: str | None = 
             kwargs.update(nargs=len(default), type=type(default[0]))
         elif meta.get("kind") or isinstance(default, (int, float)):
             kwargs["type"] = meta.get("kind") or type(default)
+            if meta.get("words"):
+                kwargs["type"] = number_or_word(kwargs["type"], meta["words"])
         if "action" not in kwargs:
             kwargs["metavar"] = meta.get("metavar") or flag.lstrip("-").upper().replace("-", "_")
         target.add_argument(flag, **kwargs)

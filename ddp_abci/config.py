@@ -45,8 +45,23 @@ class TrainConfig:
     drop_last: bool = option(False, "drop each epoch's last global batch when it is smaller than --bs "
                                     "(a BatchNorm model cannot train on one item)")
     max_steps: int = option(0, "stop after N optimizer steps in all, resumed ones included; 0: no limit", low=0)
-    ckpt_dir: str | None = option(None, "write DIR/last.pt after every epoch, at a stop and at the end", path=True,
+    ckpt_dir: str | None = option(None, "write DIR/last.pt after every epoch, at every save point of "
+                                        "--save-every-steps/--save-every-minutes, at a stop and at the end", path=True,
                                   metavar="DIR")
+    save_every_steps: int = option(0, "also save every N optimizer steps, mid-epoch too; 0: off", low=0,
+                                   high=2**62, metavar="N")
+    save_every_minutes: float | str = option(0.0, "also save every M minutes of wall-clock (rank 0's clock, agreed "
+                                                  "by every rank at the stop agreement); auto: the interval that "
+                                                  "loses least to failures, sqrt(2 x save stall x --mtbf-hours) "
+                                                  "(Young 1974); 0: off", low=0, high=7 * 24 * 60, metavar="M",
+                                             words=("auto",))
+    mtbf_hours: float = option(24.0, "the job's mean time between failures, for --save-every-minutes auto",
+                               low=1e-3, high=1e6, metavar="HOURS")
+    keep: int = option(2, "checkpoints kept: last.pt, and the ones before as prev.pt, prev2.pt, ...; a resume takes "
+                          "the newest that loads", low=1, high=1000, metavar="K")
+    async_save: bool = option(True, "write checkpoints in the background while training goes on (the loop stalls "
+                                    "only to copy the state); --no-async-save: every rank waits for the write",
+                              negatable=True)
     resume: bool = option(False, "continue from --ckpt-dir's last.pt (a fresh start when there is none)")
     timeout_s: float = option(120.0, "seconds before a hung rendezvous or collective ends the job (exit 69), "
                                      "naming the rank that stopped answering: MPI and gloo by the watchdog, NCCL by "
@@ -88,6 +103,9 @@ class TrainConfig:
     fused_adam: bool = option(True, "the default optimizer's fused kernel (faster); --no-fused-adam: torch's "
                                     "per-tensor loop, as the seed and Accelerate", negatable=True)
     save_model: str | None = option(None, "rank 0 writes the trained model's state_dict here at the end", path=True)
+    straggler_threshold: float = option(0.75, "name a rank whose step compute is slower than this fraction of the "
+                                              "fastest rank's (a score below it: docs/watching.md); 0: off",
+                                        low=0, high=1)
 
     def __post_init__(self) -> None:
         if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
@@ -95,6 +113,9 @@ class TrainConfig:
         check_fields(self)
         if self.lr == 0:
             raise UsageError(f"{setting(TrainConfig, 'lr')} must be positive, got 0")
+        if isinstance(self.save_every_minutes, str) and self.save_every_minutes != "auto":
+            raise UsageError(f"{setting(TrainConfig, 'save_every_minutes')} takes minutes or auto, "
+                             f"got {self.save_every_minutes!r}")
         if self.resume and not self.ckpt_dir:
             raise UsageError(f"{setting(TrainConfig, 'resume')} needs {setting(TrainConfig, 'ckpt_dir')}, "
                              "the folder holding last.pt")

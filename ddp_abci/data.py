@@ -1,11 +1,12 @@
 """Data: the seed's toy dataset, batches of any structure, and the per-rank loader built on DistributedSampler."""
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate, default_convert
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, default_collate, default_convert
 
 from .config import SPLIT_CHOICES as SPLITS
 from .config import name
@@ -134,6 +135,26 @@ def check_item(item: Any, where: str = "item 0") -> None:
         return
     raise UsageError(f"the dataset's {where} is a {type(item).__name__}; return tensors (or numbers), "
                      "or tuples, lists or dicts of them, from __getitem__")
+
+
+def first_item(dataset: Any) -> Any:
+    """The dataset's first item: item 0, or a stream's first."""
+    if isinstance(dataset, IterableDataset):
+        for item in dataset:
+            return item
+        raise UsageError(f"the stream {type(dataset).__name__} yields no items")
+    return dataset[0]
+
+
+def first_batch(dataset: Any, size: int, collate_fn: Callable[[list], Any] | None = None) -> Any:
+    """A first batch of `size` items as training makes it (for the dry run)."""
+    if isinstance(dataset, IterableDataset):
+        items = list(itertools.islice(iter(dataset), size))
+        try:
+            return (collate_fn or default_collate)(items)
+        except Exception as e:
+            raise CollateFailed(collate_failure(collate_fn or default_collate, items, range(len(items)), e)) from None
+    return batch_fetcher(dataset, collate_fn)[list(range(min(size, len(dataset))))]
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
@@ -265,7 +286,28 @@ def build_loader(
         num_workers=workers,
         pin_memory=pin_memory,
         persistent_workers=persistent_workers and workers > 0,
+        # Its own generator: DataLoader draws its workers' seeds from it when an epoch's
+        # iterator starts, not from the global RNG, which an exact resume restores.
+        generator=torch.Generator().manual_seed(seed + launch.rank),
     )
+
+
+class EpochBatches:
+    """A map-style training set's epochs for the trainer: each begins part-way through
+    when resumed (the sampler skips the batches already trained)."""
+
+    sized = True
+
+    def __init__(self, loader: DataLoader, direct: bool = True) -> None:
+        self.loader, self.sampler, self.direct = loader, loader.sampler, direct
+
+    def __len__(self) -> int:
+        """Batches (micro-batches) in a whole epoch on each rank."""
+        return -(-self.sampler.num_samples // self.sampler.batch_size)
+
+    def begin(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        self.sampler.start_epoch(epoch, skip_batches=skip)
+        return iterate(self.loader, direct=self.direct)
 
 
 def iterate(loader: DataLoader, direct: bool = True) -> Iterator[Any]:

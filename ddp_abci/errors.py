@@ -48,3 +48,10 @@ class SaveFailed(RunError):
     """Rank 0 could not write a checkpoint; every rank stops at the same step."""
 
     exit_status = EXIT_SAVE_FAILED
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An exception as one line of at most `limit` characters: its message with the
+    whitespace folded (tracebacks of C++ errors span many lines), else its type's name."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."

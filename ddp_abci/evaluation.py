@@ -4,13 +4,14 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, NamedTuple
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from .data import ShardBatchSampler, batch_fetcher, batch_len, to_device
 from .model import AutoencoderLoss, LossFn
 from .parallel.collectives import gather_for_metrics, reduce
 from .parallel.launch import Launch
 from .precision import autocast
+from .streams import rank_batches
 
 # A metric maps (model, batch) to one value per item of the batch: accuracy's 0/1, an RMSE.
 MetricFn = Callable[[torch.nn.Module, Any], torch.Tensor]
@@ -30,8 +31,38 @@ def evaluate(model: torch.nn.Module, dataset: Dataset, loss_fn: LossFn, launch: 
              collate_fn: Callable | None = None) -> tuple[dict[str, float], int]:
     """({"loss": mean, metric: mean, ...}, how many items counted), the same on every rank.
     Collective: every rank calls it."""
+    if isinstance(dataset, IterableDataset):
+        return _evaluate_stream(model, dataset, loss_fn, launch, device, precision, per_rank_batch, metrics or {},
+                                collate_fn)
     return combine(evaluate_shard(model, dataset, loss_fn, launch, device, precision, per_rank_batch, metrics,
                                   collate_fn), device)
+
+
+@torch.no_grad()
+def _evaluate_stream(model: torch.nn.Module, dataset: IterableDataset, loss_fn: LossFn, launch: Launch,
+                     device: torch.device, precision: str, per_rank_batch: int, metrics: Mapping[str, MetricFn],
+                     collate_fn: Callable | None) -> tuple[dict[str, float], int]:
+    """A held-out stream: each rank evaluates its share (streams.RankShare's, every item once,
+    the short last batch too), and the sums of losses and metric values are reduced. The
+    shares are disjoint, so nothing needs dropping as a repeat."""
+    was_training = model.training
+    model.eval()
+    names = list(metrics)
+    sums = torch.zeros(2 + len(names), dtype=torch.float64, device=device)  # loss x items, items, metric sums
+    for batch in rank_batches(dataset, launch.rank, launch.world_size, per_rank_batch, collate_fn):
+        batch = to_device(batch, device, non_blocking=True)
+        items = batch_len(batch)
+        with autocast(precision, device):
+            sums[0] += loss_fn(model, batch).double() * items
+            for i, name in enumerate(names):
+                sums[2 + i] += metrics[name](model, batch).detach().double().sum()
+        sums[1] += items
+    model.train(was_training)
+    totals = reduce(sums, "sum")
+    count = totals[1].clamp(min=1)
+    results = {"loss": (totals[0] / count).item(), **{name: (totals[2 + i] / count).item()
+                                                      for i, name in enumerate(names)}}
+    return results, int(totals[1].item())
 
 
 @torch.no_grad()

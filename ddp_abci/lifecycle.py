@@ -29,7 +29,8 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
         *, eval_set: Any = None, optimizer: Any = None, metrics: Mapping[str, Callable] | None = None,
         on_eval: Callable[[dict], None] | None = None, collate_fn: Callable | None = None,
         seed_job: SeedJob | None = None, stop: StopRequest | None = None, master_addr: str | None = None,
-        master_port: int | None = None, interface: str | None = None) -> int:
+        master_port: int | None = None, interface: str | None = None, scheduler: Callable | None = None,
+        state: Mapping[str, Any] | None = None, environment: Any = None) -> int:
     """Train `model` on `train_set` with `loss_fn(model, batch)` on every rank the launcher
     started; returns the exit status: 0 done, 75 stopped by SIGTERM/SIGUSR1/Ctrl-C with a
     checkpoint to resume, 2 bad input (one line printed, nothing written), 65 diverged,
@@ -41,17 +42,23 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
     called with lr=config.lr (default: the seed's Adam from config.lr and config.betas).
     `metrics` maps names to per-item functions evaluated on `eval_set`; `on_eval` gets the
     evaluation's figures on rank 0; `collate_fn` makes a list of items into a batch
-    (default: torch's default_collate). Pass an entered `stop` to keep your own signal
-    handling.
+    (default: torch's default_collate). `scheduler`: a factory optimizer -> LRScheduler,
+    stepped once per optimizer step, saved and restored with the checkpoint. `state`: name ->
+    an object with state_dict()/load_state_dict() (an EMA, a counter), saved at every save
+    point and restored on resume. `environment`: a launch environment of your own
+    (environments/), instead of the one detected. Pass an entered `stop` to keep your own
+    signal handling. `train_set` may be an IterableDataset (streams.py).
     """
     config = config or TrainConfig()
     with contextlib.ExitStack() as stack:
         stop = stop or stack.enter_context(StopRequest())  # before torch loads: see train.main
         parts = dict(model=model, train_set=train_set, eval_set=eval_set, loss_fn=loss_fn, optimizer=optimizer,
-                     metrics=metrics, on_eval=on_eval, collate_fn=collate_fn, seed_job=seed_job)
+                     metrics=metrics, on_eval=on_eval, collate_fn=collate_fn, seed_job=seed_job, scheduler=scheduler,
+                     state=state)
+        meeting = dict(master_addr=master_addr, master_port=master_port, interface=interface, environment=environment,
+                       timeout_s=config.timeout_s)
         try:
-            return _train(config, stop, dict(master_addr=master_addr, master_port=master_port, interface=interface),
-                          parts)
+            return _train(config, stop, meeting, parts)
         except RunError as e:  # bad input (2), diverged (65), a failed save (74): one line each
             return report(e)
 

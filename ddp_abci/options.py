@@ -19,13 +19,23 @@ INF = float("inf")
 
 def option(default: Any, help: str, *, flag: str | None = None, low: float | None = None,
            high: float | None = None, choices: tuple[str, ...] | None = None, path: bool = False,
-           negatable: bool = False, metavar: str | tuple[str, ...] | None = None, kind: type | None = None) -> Any:
+           negatable: bool = False, metavar: str | tuple[str, ...] | None = None, kind: Any = None,
+           words: tuple[str, ...] = ()) -> Any:
     """A field with its flag (default: --the-field-name), help, and what values are valid.
     path: a file or folder name (the fuzz test tries hostile paths on it); negatable: a
     switch that also has --no-FLAG; kind: the value's type where the default (None) does
-    not tell it."""
+    not tell it; words: names a number option also takes (--save-every-minutes auto)."""
     return field(default=default, metadata={"flag": flag, "help": help, "low": low, "high": high, "choices": choices,
-                                            "path": path, "negatable": negatable, "metavar": metavar, "kind": kind})
+                                            "path": path, "negatable": negatable, "metavar": metavar, "kind": kind,
+                                            "words": words})
+
+
+def number_or_word(kind: type, words: tuple[str, ...]):
+    """The command line's converter for a number option that also takes some words."""
+    def convert(text: str) -> Any:
+        return text if text in words else kind(text)
+    convert.__name__ = f"{kind.__name__} or {' or '.join(words)}"  # argparse names it in its error
+    return convert
 
 
 def not_a_flag(default: Any, why: str) -> Any:
@@ -57,6 +67,8 @@ def check_fields(obj: Any) -> None:
         value, meta = getattr(obj, f.name), f.metadata
         if meta.get("choices") and value is not None:
             check_choice(setting(type(obj), f.name), value, meta["choices"])
+        if value in meta.get("words", ()):
+            continue
         if meta.get("low") is not None or meta.get("high") is not None:
             low = meta["low"] if meta.get("low") is not None else -INF
             high = meta["high"] if meta.get("high") is not None else INF

@@ -10,6 +10,7 @@ from .config import COMM_CHOICES, TrainConfig, name
 from .data import per_rank_batch
 from .errors import UsageError
 from .options import check_choice
+from .parallel.gradients import GradientPath, gradient_path
 from .parallel.launch import Launch
 from .precision import resolve_precision
 
@@ -20,6 +21,11 @@ class RunPlan:
     precision: str         # "no" (fp32), "fp16" or "bf16": --amp auto resolved
     comm: str              # the gradient all-reduce: nccl, mpi or gloo
     per_rank_batch: int    # --bs split over the ranks
+
+    @property
+    def gradients(self) -> GradientPath:
+        """The chosen path as the loop uses it: DDP's hook and the control all-reduce."""
+        return gradient_path(self.comm)
 
 
 def plan_run(config: TrainConfig, launch: Launch, device: torch.device) -> RunPlan:
@@ -35,13 +41,13 @@ def plan_run(config: TrainConfig, launch: Launch, device: torch.device) -> RunPl
 
 
 def resolve_comm(comm: str, launch: Launch, device: torch.device) -> str:
-    """auto: NCCL on GPUs; MPI on the CPU when mpirun started the job (mpi4py is there); else gloo."""
+    """auto: NCCL on GPUs; MPI on the CPU when MPI joins the ranks (mpirun with mpi4py); else gloo."""
     check_choice(name("comm"), comm, COMM_CHOICES)
     if comm == "auto":
         if device.type == "cuda":
             return "nccl"
-        return "mpi" if launch.source == "mpi4py" and launch.world_size > 1 else "gloo"
-    if comm == "mpi" and (device.type != "cpu" or launch.source != "mpi4py"):
+        return "mpi" if launch.mpi and launch.world_size > 1 else "gloo"
+    if comm == "mpi" and (device.type != "cpu" or not launch.mpi):
         raise UsageError(f"{name('comm')} mpi needs a CPU job started by mpirun with mpi4py; use comm='auto'")
     if comm == "nccl" and device.type != "cuda":
         raise UsageError(f"{name('comm')} nccl needs CUDA GPUs; use comm='auto' on the CPU")

@@ -8,52 +8,54 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 from . import checkpoint as ckpt
 from . import resume
 from .config import TrainConfig, name, turn_on
-from .data import CollateFailed, batch_fetcher, batch_len, check_item, to_device
-from .errors import UsageError
+from .data import CollateFailed, batch_fetcher, batch_len, check_item, first_batch, first_item, to_device
+from .errors import UsageError, one_line
 from .model import LossFn, unwrap
-from .parallel.collectives import broadcast_error, broadcast_object, print_main, raise_if_any_rank_failed
+from .parallel.collectives import print_main, raise_if_any_rank_failed, rank0_decides
 from .parallel.launch import Launch
 from .precision import autocast
+from .streams import has_length, is_stream
 from .tracking import check_tensorboard_installed
 
 UNUSED_ADVICE = (f"remove the layer, freeze it (requires_grad_(False)), or set {turn_on('find_unused_parameters')} "
                  "when a layer is used on some steps or ranks only")
 
 
-def check_files_here(config: TrainConfig, ckpt_file: Path | None, train_items: int) -> list:
-    """Rank 0's part: the files this run writes, and the checkpoint it resumes. Returns
-    [error or None, the file to resume from or None, its snapshot or None]."""
-    try:
-        _check_outputs(config)
-        if ckpt_file is None:
-            return [None, None, None]
-        snapshot, chosen = _checkpoint_to_resume(config, ckpt_file, train_items)
-        _remove_stale_temporaries(ckpt_file.parent)
-        return [None, chosen, snapshot]
-    except UsageError as e:
-        return [str(e), None, None]
-    except Exception as e:  # anything else too: the other ranks wait for this verdict
-        return [f"checking {ckpt_file} failed: {e!r}", None, None]
+def check_files(config: TrainConfig, ckpt_file: Path | None,
+                train_items: int | None) -> tuple[dict | None, Path | None]:
+    """Rank 0's part: the files this run writes, and the checkpoint it resumes. Returns the
+    snapshot to resume from and its file (last.pt, or the newest kept one that loads), or
+    (None, None)."""
+    _check_outputs(config)
+    if ckpt_file is None:
+        return None, None
+    snapshot, chosen = _checkpoint_to_resume(config, ckpt_file, train_items)
+    _remove_stale_temporaries(ckpt_file.parent)
+    return snapshot, chosen
 
 
-def share_file_check(launch: Launch, here: list | None, config: TrainConfig,
-                     ckpt_file: Path | None) -> tuple[dict | None, Path | None]:
-    """Collective: rank 0's verdict on every rank. Returns the snapshot to resume from
-    (loaded on every rank) and its file (last.pt, or prev.pt when last.pt is unreadable)."""
-    error, chosen = broadcast_object(launch, here[:2] if here else None)
-    if error:
-        raise UsageError(error)
+def share_file_check(launch: Launch, config: TrainConfig, ckpt_file: Path | None,
+                     train_items: int | None) -> tuple[dict | None, Path | None]:
+    """Collective: rank 0 checks the files; every rank obeys its verdict and loads the
+    snapshot it chose (rank 0 has it already)."""
+    mine: list = [None]
+
+    def decide() -> str | None:
+        snapshot, chosen = check_files(config, ckpt_file, train_items)
+        mine[0] = snapshot
+        return str(chosen) if chosen else None
+
+    chosen = rank0_decides(launch, decide)
     if chosen is None:
         if ckpt_file is not None and config.resume:
             print_main(launch, f"resume: no checkpoint at {ckpt_file}; starting fresh")
         return None, None
-    snapshot = here[2] if here else ckpt.load_checkpoint(chosen)  # rank 0 has it already
-    return snapshot, Path(chosen)
+    return (mine[0] if launch.is_main else ckpt.load_checkpoint(chosen)), Path(chosen)
 
 
 def _check_outputs(config: TrainConfig) -> None:
@@ -68,26 +70,29 @@ def _check_outputs(config: TrainConfig) -> None:
             raise UsageError(error)
 
 
-def _checkpoint_to_resume(config: TrainConfig, ckpt_file: Path, train_items: int) -> tuple[dict | None, str | None]:
-    """DIR/last.pt checked against this run, or DIR/prev.pt when last.pt cannot be read."""
+def _checkpoint_to_resume(config: TrainConfig, ckpt_file: Path, train_items: int | None) -> tuple[dict | None,
+                                                                                                   Path | None]:
+    """DIR/last.pt checked against this run, or the newest kept checkpoint that loads when
+    last.pt cannot be read."""
     ckpt.check_writable(ckpt_file.parent)
     if ckpt_file.exists() and not config.resume:
         raise ckpt.CheckpointError(f"{ckpt_file} exists and would be overwritten; pass --resume (resume=True) to "
                                    "continue it, or choose another --ckpt-dir")
     if not (config.resume and ckpt_file.exists()):
         return None, None
-    chosen = ckpt_file
-    try:
-        snapshot = ckpt.load_checkpoint(ckpt_file)
-    except ckpt.CheckpointError as e:
-        previous = ckpt_file.with_name(ckpt.PREVIOUS)
-        if not previous.exists():
-            raise
-        snapshot, chosen = ckpt.load_checkpoint(previous), previous
-        print(f"resume: {ckpt_file} cannot be used ({str(e).split(';')[0]}); falling back to {previous}, "
-              "the checkpoint before it", flush=True)
-    resume.check_contract(snapshot, config, train_items, chosen)
-    return snapshot, str(chosen)
+    first_error = None
+    for candidate in ckpt.resume_candidates(ckpt_file.parent):
+        try:
+            snapshot = ckpt.load_checkpoint(candidate)
+        except ckpt.CheckpointError as e:
+            first_error = first_error or e
+            continue
+        if candidate != ckpt_file:
+            print(f"resume: {ckpt_file} cannot be used ({str(first_error).split(';')[0]}); falling back to "
+                  f"{candidate}, the newest checkpoint kept before it", flush=True)
+        resume.check_contract(snapshot, config, train_items, candidate)
+        return snapshot, candidate
+    raise first_error
 
 
 def _remove_stale_temporaries(ckpt_dir: Path) -> None:
@@ -99,10 +104,11 @@ def _remove_stale_temporaries(ckpt_dir: Path) -> None:
 
 def share_disk_check(launch: Launch, ckpt_dir: Path | None, model: torch.nn.Module) -> None:
     """Collective: rank 0 refuses a --ckpt-dir without room for two checkpoints."""
-    error = None
-    if ckpt_dir is not None and launch.is_main:
-        error = ckpt.disk_space_error(ckpt_dir, ckpt.estimated_bytes(model))
-    broadcast_error(launch, error)
+    def decide() -> None:
+        error = ckpt.disk_space_error(ckpt_dir, ckpt.estimated_bytes(model)) if ckpt_dir is not None else None
+        if error:
+            raise UsageError(error)
+    rank0_decides(launch, decide)
 
 
 def output_error(flag: str, path: str, atomic: bool = False) -> str | None:
@@ -128,15 +134,18 @@ def check_data(train_set: Dataset, eval_set: Dataset | None, config: TrainConfig
     for what, dataset in (("training set", train_set), ("evaluation set", eval_set)):
         if dataset is None:
             continue
-        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-            raise UsageError(f"the {what} is a {type(dataset).__name__} without random access: DistributedSampler "
-                             "shares a dataset out by index and needs its length; give a map-style Dataset "
-                             "(__len__ and __getitem__), e.g. a TensorDataset or a list of items")
-        n = len(dataset)
-        if n < world:
-            raise UsageError(f"the {what} has {n} items for {world} ranks: every rank needs at least one; "
+        if not is_stream(dataset) and not has_length(dataset):
+            raise UsageError(f"the {what} is a {type(dataset).__name__} with neither a length nor an iterator: give "
+                             "a map-style Dataset (__len__ and __getitem__) or an IterableDataset (__iter__)")
+        if has_length(dataset) and len(dataset) < world:
+            raise UsageError(f"the {what} has {len(dataset)} items for {world} ranks: every rank needs at least one; "
                              f"use more items (num_items, --num-items, for the seed's data) or fewer ranks")
-        check_item(dataset[0], "item 0")
+        check_item(first_item(dataset), "item 0")
+    if is_stream(train_set):
+        if config.schedule == "cosine" and not config.max_steps and not has_length(train_set):
+            raise UsageError(f"{name('schedule')} cosine needs the run's length: set {name('max_steps')}, or give "
+                             "the stream a __len__")
+        return
     if config.global_batch > len(train_set):
         raise UsageError(f"{name('global_batch')} {config.global_batch} is larger than the training set "
                          f"({len(train_set)} items); use {len(train_set) // world * world} or less")
@@ -153,12 +162,13 @@ def dry_run(model: torch.nn.Module, train_set: Dataset, loss_fn: LossFn, precisi
     model, a trainable parameter got no gradient (DDP would stop at the second step), the
     short last batch fails (BatchNorm on one item), a metric does not give one value per item."""
     try:
-        fetch = batch_fetcher(train_set, collate_fn)
-        batch = to_device(fetch[list(range(min(per_rank_batch, len(train_set))))], device)
+        fetch = batch_fetcher(train_set, collate_fn) if not is_stream(train_set) else None
+        batch = to_device(first_batch(train_set, per_rank_batch, collate_fn), device)
     except CollateFailed as e:
         return str(e)
     except Exception as e:
-        return f"reading a first batch failed ({type(e).__name__}: {_first_line(e)}); fix the dataset's __getitem__"
+        return (f"reading a first batch failed ({type(e).__name__}: {one_line(e)}); fix the dataset's "
+                f"{'__iter__' if is_stream(train_set) else '__getitem__'}")
     snapshot = _state_of(model)
     try:
         with autocast(precision, device):
@@ -167,11 +177,10 @@ def dry_run(model: torch.nn.Module, train_set: Dataset, loss_fn: LossFn, precisi
         if error is None:
             loss.backward()
             error = None if find_unused else _unused(model)
-        if error is None and last_batch:
+        if error is None and last_batch and fetch is not None:
             error = _short_batch_fails(model, fetch, loss_fn, precision, device, last_batch)
         if error is None and metrics and eval_set is not None:
-            error = _bad_metric(model, batch_fetcher(eval_set, collate_fn), eval_set, metrics, precision, device,
-                                per_rank_batch)
+            error = _bad_metric(model, eval_set, collate_fn, metrics, precision, device, per_rank_batch)
     except Exception as e:
         error = (f"loss_fn(model, batch) raised {type(e).__name__}: {_first_line(e)} on a first batch; "
                  "fix the loss function, or the model or dataset it is given")
@@ -183,6 +192,15 @@ def dry_run(model: torch.nn.Module, train_set: Dataset, loss_fn: LossFn, precisi
 def share_dry_run(error: str | None) -> None:
     """Collective: a failed dry run on any rank stops every rank with its message."""
     raise_if_any_rank_failed(error)
+
+
+def short_last_batch(train_set: Dataset, config: TrainConfig, world: int) -> int:
+    """Items each rank gets in the epoch's last batch when it is shorter than the rest, else 0
+    (a stream trains whole batches only)."""
+    if config.drop_last or is_stream(train_set):
+        return 0
+    padded = -(-len(train_set) // world) * world  # DistributedSampler pads to a multiple of the world
+    return padded % config.global_batch // world
 
 
 def _state_of(model: torch.nn.Module) -> dict:
@@ -248,9 +266,9 @@ def _short_batch_fails(model: torch.nn.Module, fetch: Any, loss_fn: LossFn, prec
     return None
 
 
-def _bad_metric(model: torch.nn.Module, fetch: Any, eval_set: Dataset, metrics: Mapping[str, Callable],
+def _bad_metric(model: torch.nn.Module, eval_set: Dataset, collate_fn: Callable | None, metrics: Mapping[str, Callable],
                 precision: str, device: torch.device, per_rank_batch: int) -> str | None:
-    batch = to_device(fetch[list(range(min(per_rank_batch, len(eval_set))))], device)
+    batch = to_device(first_batch(eval_set, per_rank_batch, collate_fn), device)
     items = batch_len(batch)
     model.eval()
     with torch.no_grad(), autocast(precision, device):

@@ -1,12 +1,23 @@
-"""What a checkpoint holds for the Trainer, what a resume must keep, and how it puts it back.
+"""What a checkpoint holds for the Trainer, part by part, and the resume contract.
 
-On resume the run's position, weights, optimizer state (Adam's moments and step counts),
-GradScaler, schedule position and RNG come from the checkpoint; the hyper-parameters come
-from this run (the command line or your optimizer factory), because lowering --lr after a
-divergence is exactly what a user resumes for. Each one that changed is named.
+Each part is an object with state_dict() and load_state_dict() (torch's Stateful), saved
+under its checkpoint key by checkpoint_manager.CheckpointManager. Most are torch's own (the
+GradScaler, your scheduler, your EMA); the adapters here add what a resume must keep:
+
+    OptimizerState   the optimizer's state (Adam's moments, step counts); on resume this
+                     run's hyper-parameters (lr, betas, ...) win, and each change is named
+    ScheduleState    the built-in schedule's position; its shape comes from this run
+    Position         epoch, batch_in_epoch, step: where the run is
+    RNGState         torch's, Python's and numpy's generators (saved for every rank)
+
+On resume the run's position, weights, optimizer state, GradScaler, schedule position and
+RNG come from the checkpoint; the hyper-parameters come from this run (the command line or
+your optimizer factory), because lowering --lr after a divergence is exactly what a user
+resumes for.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,70 +25,148 @@ import torch
 
 from . import checkpoint as ckpt
 from .config import TrainConfig, name
-from .model import unwrap
 
 HYPER = ("lr", "betas", "momentum", "weight_decay", "eps")  # named in the resume line when changed
 RUN_HYPER = (("clip_norm", "--clip-norm"), ("schedule", "--schedule"), ("warmup_steps", "--warmup-steps"),
              ("epochs", "--epochs"), ("max_steps", "--max-steps"))
 
 
-def make_snapshot(trainer: Any, rng_per_rank: list[dict]) -> dict[str, Any]:
-    """The checkpoint's keys (documented in checkpoint.py; other tools read them). `config`
-    holds TrainConfig's fields and, for the seed's job, its own (num_items, dim_in, ...)."""
-    return {
-        "format": ckpt.FORMAT,
-        "model": unwrap(trainer.model).state_dict(),
-        "optimizer": trainer.optimizer.state_dict(),
-        "scaler": trainer.scaler.state_dict(),
-        "scheduler": trainer.scheduler.state_dict() if trainer.scheduler is not None else None,
-        "epoch": trainer.epoch,
-        "batch_in_epoch": trainer.batch_in_epoch,
-        "step": trainer.step,
-        "global_batch": trainer.config.global_batch,
-        "train_items": len(trainer.train_set),
-        "world_size": trainer.launch.world_size,
-        "config": {**trainer.config.to_dict(), **trainer.job_settings},
-        "rng": rng_per_rank[0],
-        "rng_per_rank": rng_per_rank,
-    }
+class OptimizerState:
+    """The optimizer as a checkpoint part. optimizer.load_state_dict restores the saved
+    param_groups' lr, betas, ...: this run's are put back (the state, i.e. moments and step
+    counts, stays loaded), and `changed` lists 'lr 0.0001 -> 1e-05' for each that differs.
+    'initial_lr' is the schedule's base rate."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer, self.changed = optimizer, []
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        current = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state)
+        for group, now, saved in zip(self.optimizer.param_groups, current, state["param_groups"]):
+            group.update(now)
+            for key in HYPER:
+                base = "initial_lr" if key == "lr" and "initial_lr" in now else key
+                before, after = saved.get(base), now.get(base)
+                if before is not None and _plain(before) != _plain(after):
+                    change = f"{key} {_show(before)} -> {_show(after)}"
+                    if change not in self.changed:
+                        self.changed.append(change)
 
 
-def load_optimizer_keeping_hyperparameters(optimizer: torch.optim.Optimizer, state: dict) -> list[str]:
-    """optimizer.load_state_dict restores the saved param_groups' lr, betas, ...: put this
-    run's back (the state, i.e. moments and step counts, stays loaded). Returns 'lr 0.0001 -> 1e-05'
-    for each hyper-parameter that differs. 'initial_lr' is the schedule's base rate."""
-    current = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-    optimizer.load_state_dict(state)
-    changed = []
-    for group, now, saved in zip(optimizer.param_groups, current, state["param_groups"]):
-        group.update(now)
-        for key in HYPER:
-            base = "initial_lr" if key == "lr" and "initial_lr" in now else key
-            before, after = saved.get(base), now.get(base)
-            if before is not None and _plain(before) != _plain(after):
-                change = f"{key} {_show(before)} -> {_show(after)}"
-                if change not in changed:
-                    changed.append(change)
-    return changed
+class ScheduleState:
+    """The built-in schedule (schedule.build_schedule; None for a constant rate) as a part:
+    its position comes from the checkpoint, its shape (base rate, warm-up, length) from this
+    run, and the current rate is recomputed at that position. A checkpoint written with a
+    constant rate joins this run's schedule at the saved step."""
+
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR | None, position: "Position") -> None:
+        self.scheduler, self.position = scheduler, position
+
+    def state_dict(self) -> dict | None:
+        return self.scheduler.state_dict() if self.scheduler is not None else None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        shape = [dict(f.__dict__) for f in scheduler.lr_lambdas]
+        base_lrs = [group["initial_lr"] for group in scheduler.optimizer.param_groups]
+        if state:
+            scheduler.load_state_dict(state)  # also restores the saved lambdas' fields: undone below
+            for f, fields in zip(scheduler.lr_lambdas, shape):
+                f.__dict__.update(fields)
+        else:
+            scheduler.last_epoch = self.position.step
+        scheduler.base_lrs = base_lrs
+        for group, base, f in zip(scheduler.optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
+            group["lr"] = base * f(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
-def load_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR | None, state: dict | None, step: int) -> None:
-    """The schedule's position comes from the checkpoint, its shape (base rate, warm-up,
-    length) from this run; the current rate is recomputed at that position."""
-    if scheduler is None:
-        return
-    shape = [dict(f.__dict__) for f in scheduler.lr_lambdas]
-    base_lrs = [group["initial_lr"] for group in scheduler.optimizer.param_groups]
-    if state:
-        scheduler.load_state_dict(state)  # also restores the saved lambdas' fields: undone below
-        for f, fields in zip(scheduler.lr_lambdas, shape):
-            f.__dict__.update(fields)
-    else:
-        scheduler.last_epoch = step  # the checkpoint had a constant rate: join the schedule at this step
-    scheduler.base_lrs = base_lrs
-    for group, base, f in zip(scheduler.optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * f(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+class UserScheduler:
+    """fit(scheduler=factory)'s scheduler as a part: torch's own state_dict, whole."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def state_dict(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scheduler.load_state_dict(state)
+
+
+class Position:
+    """Where the run is: epochs completed (the epoch in progress, 0-based), the global
+    batches of that epoch already trained, and the optimizer steps taken (fp16's skipped
+    steps included). Its keys sit at the checkpoint's top level (other tools read them)."""
+
+    KEYS = ("epoch", "batch_in_epoch", "step")
+
+    def __init__(self) -> None:
+        self.epoch = self.batch_in_epoch = self.step = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in self.KEYS}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in self.KEYS:
+            setattr(self, key, int(state[key]))
+
+
+class RNGState:
+    """This process's generators (checkpoint.rng_state): saved for every rank, restored
+    per rank when the world size is the same, else rank 0's on all."""
+
+    def state_dict(self) -> dict:
+        return ckpt.rng_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        ckpt.restore_rng(state)
+
+
+class ModelWeights:
+    """The model as a part: the unwrapped state_dict (rank 0's: DDP keeps every rank's
+    equal). A resume puts it back before DDP wraps the model (assembly.py), not through this."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state)
+
+
+@dataclass
+class Parts:
+    """What a Trainer's checkpoint holds (their keys: checkpoint.KEYS)."""
+
+    model: ModelWeights
+    optimizer: OptimizerState
+    scaler: Any
+    scheduler: Any
+    position: Position
+    state: dict[str, Any]      # fit(state=...): each object's own state_dict
+    data: Any = None           # a stream's position (streams.Stream), per rank
+
+    def register(self, manager: Any) -> None:
+        """One part a line."""
+        manager.add("model", self.model)
+        manager.add("optimizer", self.optimizer)
+        manager.add("scaler", self.scaler)
+        manager.add("scheduler", self.scheduler)
+        manager.add("position", self.position, spread=True)
+        manager.add("rng", RNGState(), per_rank=True)
+        for key, obj in self.state.items():
+            manager.add(f"state/{key}", obj, per_rank="auto")
+        if self.data is not None:
+            manager.add("data", self.data, per_rank=True)
 
 
 def changed_run_settings(saved_config: dict, config: Any) -> list[str]:
@@ -99,9 +188,10 @@ def _show(value: Any) -> str:
     return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
-def check_contract(snapshot: dict, config: TrainConfig, train_items: int, ckpt_file: Path) -> None:
+def check_contract(snapshot: dict, config: TrainConfig, train_items: int | None, ckpt_file: Path) -> None:
     """The resume contract: what must not change for the continuation to be exact (the
-    world size, epochs, --max-steps, hyper-parameters and logging may)."""
+    world size, epochs, --max-steps, hyper-parameters and logging may). `train_items` is
+    None for a stream without a length."""
     saved = snapshot.get("config", {})
     fixed = [("global_batch", snapshot["global_batch"], "an exact resume needs the same global batch"),
              ("seed", saved.get("seed", config.seed), "the rest of the epoch must be shuffled alike"),

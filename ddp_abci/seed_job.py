@@ -55,3 +55,16 @@ class SeedJob:
     def to_dict(self) -> dict:
         """Recorded in the checkpoint's `config` beside TrainConfig's fields, as before the split."""
         return asdict(self)
+
+
+def complete(model: Any, train_set: Any, eval_set: Any, loss_fn: Any, seed_job: "SeedJob | None",
+             config: Any) -> tuple[Any, Any, Any, Any, dict]:
+    """fit()'s parts with what is left out taken from the seed's job; and the job's settings
+    for the checkpoint's config (empty when the user brought model, data and loss)."""
+    if model is not None and train_set is not None and loss_fn is not None:
+        return model, train_set, eval_set, loss_fn, {}
+    job = seed_job or SeedJob()
+    parts = job.build(config.seed, config.eval_every)
+    eval_set = parts.eval_set if train_set is None and eval_set is None else eval_set
+    return (parts.model if model is None else model, train_set if train_set is not None else parts.train_set,
+            eval_set, loss_fn or parts.loss_fn, job.to_dict())

@@ -21,6 +21,7 @@ import torch
 
 from .errors import UsageError
 from .parallel.collectives import raise_if_any_rank_failed
+from .parallel.signals import EXIT_STOPPED, signal_name
 
 INSTALL_TENSORBOARD = "pip install 'ddp_abci[tensorboard]'"
 
@@ -111,9 +112,10 @@ def peak_memory_mib(device) -> tuple[float, str]:
 
 
 def run_summary(world_size: int, global_batch: int, precision: str, steps: int, final_loss: float, clock: Clock,
-                peaks: list[float], memory_kind: str, stopped_by: str | None, device: Any) -> dict:
-    """The summary's keys (the benchmark reads them)."""
-    return {
+                peaks: list[float], memory_kind: str, stopped_by: str | None, device: Any, **more: Any) -> dict:
+    """The summary's keys (the benchmark reads them); `more` adds the trainer's own
+    (checkpoints_saved, checkpoint_stall_s, stragglers)."""
+    return {**more,
         "side": "raw", "world_size": world_size, "global_batch": global_batch,
         "precision": precision, "steps": steps, "final_loss": final_loss,
         "samples_per_s": clock.samples_per_s(),
@@ -224,6 +226,17 @@ class RunTrackers:
             self.board.step(step, {"loss": value, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
                                    "scale": scale})
 
+    def after_step(self, step: int, epoch: int, result: Any, optimizer: Any, scaler: Any, clock: Clock, tally: Any,
+                   where: str) -> None:
+        """Everything a step feeds: the throughput clock, the logs, the progress line."""
+        now = time.perf_counter()
+        clock.step_done(now, result.samples)
+        if self.recording:  # only then: under fp16 get_scale() is a host sync
+            self.step(step, epoch, result.samples, result.loss, optimizer.param_groups[0]["lr"], result.grad_norm,
+                      scaler.get_scale() if scaler.is_enabled() else None)
+        if self.progress_due(now):
+            self.progress(now, step, where, tally.loss_sum, clock.samples_per_s())
+
     def progress_due(self, now: float) -> bool:
         return self._progress is not None and self._progress.due(now)
 
@@ -247,3 +260,30 @@ class RunTrackers:
             if log is not None:
                 log.close()
         self.metrics = self.board = None
+
+
+def epoch_line(which: str, mean: float, tally: Any, dropped: int) -> str:
+    """The line at an epoch's end (or where a stop cut it): the loss over every rank's steps."""
+    elapsed = time.perf_counter() - tally.started
+    extra = f", {tally.skipped} steps skipped by fp16 overflow" if tally.skipped else ""
+    if tally.norms:
+        mean_norm = sum(tally.norms) / len(tally.norms)
+        extra += f", grad norm before clipping mean {mean_norm:.3g} max {max(tally.norms):.3g}"
+    if dropped:
+        extra += f", {dropped} items of the longer shares dropped (the shortest share ended it)"
+    return (f"epoch {which}: loss {mean:.4f}, {tally.samples / max(elapsed, 1e-9):,.0f} samples/s, {elapsed:.2f}s"
+            f"{extra}")
+
+
+def end_of_run(stopped_by: int, finished: bool, position: Any, steps_before: int, last_loss: float,
+               ckpt_file: Any) -> tuple[int, str]:
+    """The exit status and the last line. 75 only when work is left: a stop agreed on the very
+    last step completed the run."""
+    if stopped_by and not finished:
+        return EXIT_STOPPED, (f"stopped on {signal_name(stopped_by)} at epoch {position.epoch + 1} batch "
+                              f"{position.batch_in_epoch} (step {position.step}); checkpoint "
+                              f"{ckpt_file or 'off (no --ckpt-dir)'}; resume with --resume; exit {EXIT_STOPPED}")
+    if position.step == steps_before:
+        return 0, f"nothing to train: already at epoch {position.epoch}, step {position.step}"
+    late = f" ({signal_name(stopped_by)} arrived at the last step: the run is complete)" if stopped_by else ""
+    return 0, f"done: {position.step} steps, last epoch loss {last_loss:.4f}{late}"

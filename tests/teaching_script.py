@@ -111,10 +111,27 @@ os.environ.pop("LOCAL_WORLD_SIZE")
 os.environ.pop("MASTER_PORT")  # Accelerate's store may still hold it: rank 0 picks a free one
 launch = discover_launch()
 from ddp_abci.parallel.process_group import distributed  # noqa: E402
+from ddp_abci.steps import grad_sync  # noqa: E402
 
 with distributed(launch) as device:
     with Trainer(TrainConfig(compile=True, global_batch=10), launch, device, seed_job=SeedJob(num_items=40)) as t:
         record("raw_compiled", [type(t.model).__name__, type(t.model._orig_mod).__name__])
+    # The epoch loss the trainer prints: rank r's loss is r + 1 on every item, the mean over ranks 1.5.
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), Trainer(
+            TrainConfig(epochs=1, global_batch=2), launch, device, model=torch.nn.Linear(1, 1),
+            train_set=torch.ones(2, 1), loss_fn=lambda model, x: model(x).sum() * 0 + RANK + 1) as t:
+        t.run()
+    line = [x for x in out.getvalue().splitlines() if x.startswith("epoch 1/1")]
+    record("raw_epoch_loss", float(line[0].split("loss ")[1].split(",")[0]) if line else None)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+    raw_sync = []
+    for last in (False, True):
+        with grad_sync(ddp, last):
+            raw_sync.append(ddp.require_backward_grad_sync)
+    record("raw_sync", raw_sync)
+    del ddp
+record("group_after_close", torch.distributed.is_initialized())
 
 if RANK == 0:
     with open(sys.argv[1], "w") as f:

@@ -1,8 +1,8 @@
-"""The Trainer's collective rule, and the watchdog that enforces it, in one process: every
-method that makes a collective is marked, and a marked call that waits past --timeout ends
-the job with one line (the real ranks: test_watchdog.py)."""
-import inspect
-import re
+"""The Trainer's collective rule, and the watchdog that enforces it: on 2 real ranks, every
+rank makes the same collectives in the same order whatever the configuration; and a marked
+call that waits past --timeout ends the job with one line (in one process here; the real
+ranks: test_watchdog.py)."""
+import json
 import threading
 import time
 
@@ -10,28 +10,33 @@ import pytest
 
 from ddp_abci.parallel.launch import Launch
 from ddp_abci.parallel.watchdog import EXIT_RANK_LOST, Seen, Watchdog, peer_lost
-from ddp_abci.trainer import Trainer
-
-# What makes a collective inside the Trainer: the helpers of parallel/ and the evaluation's combine.
-COLLECTIVE_CALLS = re.compile(r"\b(all_ranks|broadcast_error|broadcast_buffers|check_replicas_agree|reduce|combine|"
-                              r"agreement\.agree|share_\w+|RunTrackers)\(")
+from helpers import on_ranks, run
 
 
-def test_every_trainer_method_that_makes_a_collective_is_marked():
-    methods = {name: m for name, m in vars(Trainer).items() if callable(m)}
-    calling = {name for name, m in methods.items() if COLLECTIVE_CALLS.search(inspect.getsource(m))}
-    marked = {name for name, m in methods.items() if getattr(m, "collective", None)}
-    assert calling == marked, f"unmarked: {calling - marked}, marked without a collective: {marked - calling}"
-    assert {"_agree", "_epoch_report", "_save_snapshot", "_evaluate", "_check_replicas", "_write_summary",
-            "_save_model", "_sync_buffers"} <= marked
+@pytest.fixture(scope="module")
+def sequences(tmp_path_factory, mpirun):
+    """Every collective each of 2 real ranks made, per configuration (tests/collective_sequences_script.py)."""
+    out = tmp_path_factory.mktemp("sequences")
+    proc = run(on_ranks(2, "tests/collective_sequences_script.py", str(out)), timeout=240)
+    assert proc.returncode == 0, proc.stdout
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(2)]
 
 
-def test_collective_methods_say_so_and_skip_by_configuration_never_by_rank():
-    for name, method in vars(Trainer).items():
-        if getattr(method, "collective", None):
-            doc, source = inspect.getdoc(method), inspect.getsource(method)
-            assert doc.startswith("Collective"), name
-            assert not re.search(r"if [^\n]*is_main[^\n]*:\n\s+return", source), name  # no rank-dependent skip
+CONFIGURATIONS = ["plain", "gloo", "checkpoints every 3 steps", "synchronous checkpoints", "evaluation and summary",
+                  "a stop asked on rank 1", "a save that fails"]
+
+
+@pytest.mark.parametrize("configuration", CONFIGURATIONS)
+def test_every_rank_makes_the_same_collectives_in_the_same_order(sequences, configuration):
+    (status0, made0), (status1, made1) = (ranks[configuration] for ranks in sequences)
+    assert status0 == status1 == {"a stop asked on rank 1": 75, "a save that fails": 74}.get(configuration, 0)
+    assert made0 == made1 and len(made0) > 10, (configuration, made0, made1)
+
+
+def test_the_configurations_do_change_the_collectives(sequences):
+    made = {name: tuple(seq) for name, (_, seq) in sequences[0].items()}
+    assert len(set(made.values())) == len(CONFIGURATIONS)  # each one exercised a sequence of its own
+    assert "mpi gradient all-reduce" in made["plain"] and "mpi gradient all-reduce" not in made["gloo"]
 
 
 def _watchdog(timeout_s):

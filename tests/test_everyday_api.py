@@ -132,7 +132,7 @@ def test_an_fp16_overflow_skips_the_step_and_leaves_weights_optimizer_and_schedu
     trainer = Trainer(config, discover_launch(environ={}), torch.device("cpu"), seed_job=SeedJob(num_items=100))
     trainer.precision, trainer.scaler = "fp16", torch.amp.GradScaler("cpu", init_scale=2.0**127)
     assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 2.0**127  # the fp16 path, scaler on
-    batch = next(iter(trainer.loader))
+    batch = next(iter(trainer.batches.loader))
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     lr = trainer.optimizer.param_groups[0]["lr"]
 

@@ -1,16 +1,32 @@
-"""Launch discovery: precedence of the sources and the errors that stop a broken launch."""
+"""Launch discovery: the launch environments, their order, and the errors that stop a broken launch."""
 import socket
 
 import pytest
 
-from ddp_abci.dist import launch as launch_mod
+from ddp_abci.environments import (
+    ENVIRONMENTS,
+    Environment,
+    GridEngineJob,
+    PBSJob,
+    Ranks,
+    SingleProcess,
+    SlurmJob,
+    Srun,
+    TorchRun,
+    detect_environment,
+    job_port,
+    launched_rank,
+    launched_world_size,
+    mpi,
+)
+from ddp_abci.environments.schedulers import first_host_of_list
 from ddp_abci.parallel.launch import LaunchError, discover_launch
 from ddp_abci.parallel.rendezvous import AddressUnusable, check_bindable, interface_address, routable_address
 
 
 @pytest.fixture
 def no_mpi4py(monkeypatch):
-    monkeypatch.setattr(launch_mod, "_have_mpi4py", lambda: False)
+    monkeypatch.setattr(mpi, "have_mpi4py", lambda: False)
 
 
 TORCHRUN = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
@@ -23,7 +39,7 @@ SLURM = {"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
 ADDR = {"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "12345"}
 
 
-def test_torchrun_variables_win_over_other_launchers(no_mpi4py):
+def test_torchrun_variables_win_over_other_launchers_as_the_innermost_one(no_mpi4py):
     got = discover_launch(environ={**OMPI, **PMI, **SLURM, **TORCHRUN})
     assert (got.rank, got.world_size, got.local_rank, got.local_world_size, got.source) == (1, 4, 1, 2, "torchrun")
     assert (got.master_addr, got.master_port) == ("10.0.0.1", 29500)
@@ -45,8 +61,9 @@ def test_slurm_srun_variables_come_last(no_mpi4py):
 
 
 def test_slurm_batch_script_without_srun_is_one_process(no_mpi4py):
-    got = discover_launch(environ={"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0"})
-    assert (got.world_size, got.source) == (1, "single")
+    got = discover_launch(environ={"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_LOCALID": "0",
+                                   "SLURM_JOB_ID": "77"})
+    assert (got.world_size, got.source) == (1, "slurm-job")
 
 
 def test_nothing_set_means_one_process_on_loopback_with_a_free_port():
@@ -62,7 +79,19 @@ def test_explicit_arguments_beat_master_addr_and_port(no_mpi4py):
 
 def test_several_hosts_without_mpi4py_or_master_addr_is_an_error_not_independent_jobs(no_mpi4py):
     with pytest.raises(LaunchError, match="MASTER_ADDR"):
-        discover_launch(environ=OMPI)
+        discover_launch(environ={**OMPI, "MASTER_PORT": "12345"})
+
+
+def test_several_hosts_without_mpi4py_meet_at_the_first_host_of_the_schedulers_node_file(no_mpi4py, tmp_path):
+    nodes = tmp_path / "nodes"
+    nodes.write_text("node7\nnode7\nnode8\nnode8\n")  # PBS: one line per MPI slot
+    got = discover_launch(environ={**OMPI, "PBS_JOBID": "4321.pbs1", "PBS_NODEFILE": str(nodes)})
+    assert (got.master_addr, got.master_port) == ("node7", 10000 + 4321)
+
+
+def test_srun_tasks_meet_at_the_first_host_of_the_step(no_mpi4py):
+    got = discover_launch(environ={**SLURM, "SLURM_JOB_ID": "99", "SLURM_STEP_NODELIST": "gpu[07-08,11]"})
+    assert (got.master_addr, got.master_port, got.source) == ("gpu07", 10000 + 99, "slurm-env")
 
 
 def test_one_host_without_mpi4py_uses_loopback_and_the_job_id_port(no_mpi4py):
@@ -108,3 +137,61 @@ def test_the_routable_address_is_never_loopback():
     if all(name == "lo" for _, name in socket.if_nameindex()):
         pytest.skip("this host has only a loopback interface")
     assert not routable_address().startswith("127.")
+
+
+def test_a_pbs_array_job_id_gives_the_port_of_its_job_number():
+    assert job_port({"PBS_JOBID": "1234[5].pbs1"}) == 10000 + 1234
+    assert job_port({"PBS_JOBID": "61234.pbs1"}) == 10000 + 61234 % 50000
+    assert job_port({"SLURM_JOB_ID": "7"}) == 10007
+    assert job_port({"JOB_ID": "8"}) == 10008 and job_port({}) is None
+
+
+@pytest.mark.parametrize("hostlist,first", [("h1", "h1"), ("h[1-2,5]", "h1"), ("a[07-09],b1", "a07"),
+                                            ("gpu-[3,1]-x", "gpu-3-x"), ("n1,n2", "n1")])
+def test_the_first_host_of_a_slurm_host_list(hostlist, first):
+    assert first_host_of_list(hostlist) == first
+
+
+@pytest.mark.parametrize("environ,kind", [
+    ({**TORCHRUN, **SLURM}, TorchRun), ({**OMPI, **PMI}, mpi.OpenMPI), ({**PMI, **SLURM}, mpi.MPICH),
+    (SLURM, Srun), ({"PBS_JOBID": "1.pbs1"}, PBSJob), ({"JOB_ID": "3", "SGE_ROOT": "/x"}, GridEngineJob),
+    ({"JOB_ID": "3"}, SingleProcess), ({"SLURM_JOB_ID": "3"}, SlurmJob), ({}, SingleProcess)])
+def test_the_registry_picks_the_most_specific_launcher(environ, kind):
+    assert type(detect_environment(environ)) is kind
+    assert ENVIRONMENTS[-1] is SingleProcess
+
+
+def test_the_rank_is_sniffed_without_mpi_from_whichever_launcher_started_the_process():
+    assert [launched_rank(e) for e in (OMPI, PMI, SLURM, TORCHRUN, {})] == [3, 2, 5, 1, 0]
+    assert launched_world_size({**OMPI}) == 4 and launched_rank({"RANK": "x", "WORLD_SIZE": "2"}) == 0
+
+
+class TwoOfFour(Environment):
+    """A launcher of the user's own: rank 2 of 4, two a host, meeting where it says."""
+
+    source = "mine"
+
+    @classmethod
+    def detect(cls, environ):
+        return "MINE" in environ
+
+    def environ_ranks(self):
+        return Ranks(2, 4, 0, 2)
+
+    def rank0_host(self):
+        return "head-node"
+
+
+def test_an_environment_of_ones_own_gives_rank_sizes_and_rank_0s_host():
+    got = discover_launch(environment=TwoOfFour({"MASTER_PORT": "4000"}), environ={"MASTER_PORT": "4000"})
+    assert (got.rank, got.world_size, got.local_world_size, got.master_addr, got.master_port, got.source) == \
+        (2, 4, 2, "head-node", 4000, "mine")
+    assert not got.mpi and got.environment.end_job.__func__ is Environment.end_job
+
+
+def test_with_mpi4py_mpirun_answers_even_where_torchrun_variables_were_copied_in():
+    assert type(detect_environment({**TORCHRUN, **OMPI})) is mpi.OpenMPI  # Accelerate copies RANK, WORLD_SIZE
+
+
+def test_without_mpi4py_torchrun_inside_mpirun_is_the_innermost_launcher(no_mpi4py):
+    assert type(detect_environment({**TORCHRUN, **OMPI})) is TorchRun

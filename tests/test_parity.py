@@ -4,6 +4,7 @@ the Fabric variant and the textbook script end one epoch of the seed's job with 
 import pytest
 import torch
 
+from ddp_abci.parallel.rendezvous import free_port
 from helpers import PYTHON, assert_clean, env, load, on_ranks, run
 
 ONE_EPOCH = ["--epochs", "1", "--seed", "0", "--bs", "50"]
@@ -13,7 +14,7 @@ def weights(tmp_path, name, module, *args, through=()):
     """Run `module` on 2 ranks (behind the `through` wrapper, if any) and load the weights it saved."""
     path = tmp_path / f"{name}.pt"
     cmd = on_ranks(2, *through, "-m", module, *ONE_EPOCH, *args, "--save-model", str(path))
-    proc = run(cmd, env=env(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531"), timeout=180)
+    proc = run(cmd, env=env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port("127.0.0.1"))), timeout=180)
     assert_clean(proc)
     return load(path)
 

@@ -1,7 +1,7 @@
 """`python -m ddp_abci.compare.accelerate_env CMD...`: run CMD (one rank of the Accelerate variant)
 with torchrun's variables copied from Open MPI's. Accelerate's GPU path reads RANK,
 WORLD_SIZE, LOCAL_RANK; mpirun sets OMPI_COMM_WORLD_*. The benchmark uses this module;
-job scripts use its shell twin, scripts/accelerate_env.sh. The raw trainer needs neither:
+job scripts call it the same way. The raw trainer needs neither:
 mpi4py gives it rank, size and rank 0's address.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..parallel.launch import port_from_job_id
+from ..environments import job_port
 
 COPIES = {"RANK": "OMPI_COMM_WORLD_RANK", "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
           "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE"}
@@ -22,7 +22,7 @@ def torchrun_environment(environ: dict[str, str]) -> dict[str, str]:
         raise SystemExit(f"error: start this under Open MPI's mpirun with -x MASTER_ADDR=<rank 0's host> "
                          f"(missing: {', '.join(missing) or 'MASTER_ADDR'})")
     env = dict(environ, **{torchrun: environ[ompi] for torchrun, ompi in COPIES.items()})
-    env.setdefault("MASTER_PORT", str(port_from_job_id(environ) or 29500))  # never the seed's fixed 11111
+    env.setdefault("MASTER_PORT", str(job_port(environ) or 29500))  # never the seed's fixed 11111
     return env
 
 

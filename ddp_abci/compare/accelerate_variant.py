@@ -26,8 +26,8 @@ import time
 
 from ..cli import OneLineParser, add_options, report
 from ..config import TrainConfig
+from ..environments import launched_world_size
 from ..errors import UsageError
-from ..parallel.launch import launched_world_size
 from ..seed_job import SeedJob
 from .side import SideClock, peak_rss_mib, write
 

@@ -72,15 +72,15 @@ def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockste
 
     from ..data import LinspaceDataset
     from ..model import build_model, build_optimizer, rmse_loss, wrap_model
-    from ..parallel.mpi_hook import register_mpi_hook
+    from ..parallel.gradients import gradient_path
     from ..precision import autocast, make_scaler, resolve_precision
 
     precision = resolve_precision(amp, device)
     model = build_model(0).to(device)
     if launch is not None:
         model = wrap_model(model, device, launch.world_size)
-        if comm == "mpi":  # resolve_comm picks mpi only for more than one rank
-            register_mpi_hook(model)
+        if comm is not None:
+            gradient_path(comm).register(model)
     optimizer = build_optimizer(model, 1e-4, (0.0, 0.99))
     scaler = make_scaler(precision, device)
     x = LinspaceDataset()[list(range(global_batch))].to(device)

@@ -13,13 +13,15 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from ..errors import RunError, UsageError
+from ..errors import RunError, UsageError, one_line
 from .launch import Launch
+
+T = TypeVar("T")
 
 
 def _world() -> int:
@@ -79,6 +81,33 @@ def all_ranks(obj: object) -> list:
     out = [None] * _world()
     dist.all_gather_object(out, obj)
     return out
+
+
+def gather_to_main(obj: object) -> list | None:
+    """Every rank's `obj`, in rank order, on rank 0 (None elsewhere): what only rank 0 writes."""
+    if _world() == 1:
+        return [obj]
+    out = [None] * _world() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def rank0_decides(launch: Launch, decide: Callable[[], T], kind: type[RunError] = UsageError) -> T:
+    """Collective: rank 0 runs `decide()`; every rank gets its result, or raises `kind` with
+    its failure's one line (the others are waiting for the verdict, so rank 0 must answer
+    whatever happens). The one form of "rank 0 decides, every rank obeys"."""
+    outcome: tuple[Any, str | None] = (None, None)
+    if launch.is_main:
+        try:
+            outcome = (decide(), None)
+        except RunError as e:
+            outcome = (None, str(e))
+        except Exception as e:
+            outcome = (None, f"rank 0 failed: {type(e).__name__}: {one_line(e)}")
+    value, error = broadcast_object(launch, outcome)
+    if error:
+        raise kind(error)
+    return value
 
 
 def raise_if_any_rank_failed(error: str | None) -> None:

@@ -1,7 +1,8 @@
 """Where the master address and port are chosen.
 
-Rank 0 picks them here; `launch.py` broadcasts the choice to every rank over MPI.
-Everything in this module runs on rank 0's host only.
+Rank 0 picks them here; under mpirun with mpi4py it broadcasts its choice over MPI
+(environments/mpi.py). Everything in this module runs on rank 0's host only, but for
+learn_rank0_address, which the other ranks call to learn rank 0's choice without MPI.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import ipaddress
 import socket
 import struct
 
-from ..errors import UsageError
+from ..errors import UsageError, one_line
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: IPv4 address of a named interface
 
@@ -117,3 +118,35 @@ def free_port(addr: str) -> int:
     except OSError as e:  # socket.gaierror too: a name that does not resolve
         raise AddressUnusable(f"master address {addr} cannot be used on this host ({e.strerror or e}); "
                               "set MASTER_ADDR or --master-addr to this host's address, or use --interface") from None
+
+
+RANK0_ADDRESS_KEY = "ddp_abci/rank0_address"
+
+
+def learn_rank0_address(ranks, host: str, port: int, interface: str, timeout_s: float) -> str:
+    """Rank 0's address on `interface`, on every rank, without MPI: only rank 0 can read its
+    own interface, so every rank first meets it at `host` (what the launcher or scheduler
+    names; rank 0's store listens on all its addresses), reads its answer, and leaves. The
+    port is then free again for the process group (rebinding it took 0.7 ms here)."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    import torch.distributed as dist  # noqa: PLC0415  (the launch's light path loads no torch)
+
+    wait = timedelta(seconds=timeout_s)
+    if ranks.rank == 0:
+        addr = interface_address(interface)
+        store = dist.TCPStore(host, port, ranks.world_size, True, wait, wait_for_workers=False)
+        store.set(RANK0_ADDRESS_KEY, addr)
+        store.wait([f"{RANK0_ADDRESS_KEY}/read/{r}" for r in range(1, ranks.world_size)], wait)
+        del store
+        return addr
+    try:
+        store = dist.TCPStore(host, port, ranks.world_size, False, wait)
+        addr = store.get(RANK0_ADDRESS_KEY).decode()
+        store.set(f"{RANK0_ADDRESS_KEY}/read/{ranks.rank}", "1")
+    except Exception as e:  # DistStoreError, a timeout: the same "could not meet" as the group's
+        raise AddressUnusable(f"rank {ranks.rank} could not learn rank 0's address on {interface} from its host "
+                              f"{host}:{port} within {timeout_s:g}s ({one_line(e)}); check that {host} is rank 0's "
+                              "host and reachable, or set MASTER_ADDR") from None
+    del store
+    return addr

@@ -21,6 +21,7 @@ deadlock of rank-dependent code); a rank alive but working names what it works o
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -28,12 +29,25 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from .launch import Launch
 
 EXIT_RANK_LOST = 69  # EX_UNAVAILABLE: a rank stopped answering; resubmit with --resume, check the named host
 KEY = "ddp_abci/heartbeat/{}"
+
+
+def collective(what: str) -> Callable:
+    """Marks a method as a collective: the watchdog (its object's `watchdog`) times it
+    against --timeout. The Trainer's collectives wear it."""
+    def mark(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            with self.watchdog.waiting(what):
+                return method(self, *args, **kwargs)
+        call.collective = what  # type: ignore[attr-defined]
+        return call
+    return mark
 
 
 class Seen(NamedTuple):
@@ -42,20 +56,11 @@ class Seen(NamedTuple):
 
 
 def end_job(launch: Launch, status: int) -> None:
-    """End every rank of the job now, with `status`. Under mpirun MPI_Abort makes mpirun
-    SIGKILL every rank (measured: a SIGSTOPped peer too) and exit with `status`; a raise
-    would leave a frozen or waiting peer behind. Elsewhere this process exits, and the
-    launcher (torchrun, srun) ends the others."""
+    """End every rank of the job now, with `status`, as the launch environment does it
+    (MPI_Abort under mpirun; environments/), after flushing what this rank printed."""
     sys.stdout.flush()
     sys.stderr.flush()
-    if launch.source == "mpi4py" and launch.world_size > 1:
-        from mpi4py import MPI  # noqa: PLC0415  (mpi4py is optional)
-
-        # MPI_Abort waits for mpirun to take the job down; cut off from another host, that
-        # wait has no end (measured: a partition between two hosts): this rank leaves anyway.
-        threading.Timer(5.0, os._exit, args=(status,)).start()
-        MPI.COMM_WORLD.Abort(status)
-    os._exit(status)
+    launch.end_job(status)
 
 
 class _Phase:
@@ -72,6 +77,8 @@ class _Phase:
 
     def __exit__(self, kind, error, tb) -> None:
         entry = self.watchdog.stack.pop()
+        if entry[1]:
+            self.watchdog.waited_s += time.monotonic() - entry[2]
         # gloo's own timeout (the process group's, the same --timeout) may fire before the
         # watch thread looks: the same diagnosis, not a traceback.
         if error is not None and entry[1] and timed_out(error):
@@ -100,6 +107,7 @@ class Watchdog:
         self.launch, self.timeout_s, self.record = launch, timeout_s, record
         self.end = end or (lambda status: end_job(launch, status))
         self.step = 0
+        self.waited_s = 0.0  # seconds spent in collectives so far (the straggler clock leaves them out)
         self.stack: list[tuple[str, bool, float]] = [("starting up", False, time.monotonic())]
         self.checkpoint = "no checkpoint was written (no --ckpt-dir)"
         self.host = socket.gethostname()

@@ -1,0 +1,185 @@
+"""Everything one run trains with, built in order before its first step: the checks that
+need nothing built (data, files, the checkpoint to resume), the model (its resumed weights
+loaded before DDP broadcasts rank 0's), the dry run of loss_fn, DDP and its gradient path,
+torch.compile, the loader, the optimizer, GradScaler and the schedule; then the checkpoint's
+parts, registered and (on resume) restored, the save points and the stop agreement.
+
+The preflight's verdicts are collectives: every rank calls them, marked for the watchdog.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from . import preflight, resume
+from .checkpoint_manager import CheckpointManager
+from .config import TrainConfig, name
+from .data import EpochBatches, build_loader
+from .errors import UsageError
+from .model import compile_model, make_optimizer, seed_optimizer, wrap_model
+from .parallel.collectives import print_main
+from .parallel.launch import Launch
+from .parallel.signals import StopRequest
+from .parallel.stopping import StopAgreement
+from .plan import RunPlan
+from .precision import make_scaler
+from .resume import Position
+from .save_points import ASSUMED_COPY_BYTES_PER_S, SavePoints
+from .schedule import build_schedule
+from .streams import Stream, has_length, is_stream
+
+
+@dataclass
+class Assembly:
+    model: torch.nn.Module            # what the loop calls: DDP-wrapped (and compiled) on several ranks
+    ddp: torch.nn.Module              # DDP itself (no_sync), or the bare model on one rank
+    batches: Any                      # data.EpochBatches (a map-style set) or streams.Stream
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    scheduler: Any                    # the built-in LambdaLR, the user's scheduler, or None
+    total_steps: int | None           # None: a stream without a length and no --max-steps
+    save_points: SavePoints
+    agreement: StopAgreement
+
+
+def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: RunPlan, watchdog: Any,
+             checkpoints: CheckpointManager, stop: StopRequest, position: Position, *, model: torch.nn.Module,
+             train_set: Any, eval_set: Any, loss_fn: Callable, optimizer: Any, scheduler: Callable | None,
+             collate_fn: Callable | None, eval_metrics: dict, state: dict, startup: dict) -> Assembly:
+    """Every part, in the order a run needs them; a bad one is one line before any training."""
+    preflight.check_data(train_set, eval_set, config, launch)
+    _refuse_both_schedules(config, scheduler)
+    ckpt_file = ckpt.checkpoint_path(config.ckpt_dir) if config.ckpt_dir else None
+    train_items = len(train_set) if has_length(train_set) else None
+    with watchdog.waiting("preflight: rank 0's verdict on the files"):
+        snapshot, resumed_from = preflight.share_file_check(launch, config, ckpt_file, train_items)
+    seed_everything(config.seed + launch.rank)
+    _refuse_wrapped(model)
+    if snapshot is not None:
+        ckpt.check_model_shape(snapshot, model, resumed_from)
+        model.load_state_dict(snapshot["model"])  # before DDP: it broadcasts rank 0's weights
+    model = model.to(device)
+    with watchdog.waiting("preflight: the dry run's verdict"):
+        with watchdog.working("the dry run of loss_fn"):
+            error = preflight.dry_run(model, train_set, loss_fn, plan.precision, device, plan.per_rank_batch,
+                                      collate_fn=collate_fn, find_unused=config.find_unused_parameters,
+                                      eval_set=eval_set, metrics=eval_metrics or None,
+                                      last_batch=preflight.short_last_batch(train_set, config, launch.world_size))
+        preflight.share_dry_run(error)
+    with watchdog.waiting("preflight: the free-space verdict"):
+        preflight.share_disk_check(launch, ckpt_file.parent if ckpt_file else None, model)
+    if config.sync_batchnorm:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    ddp = wrap_model(model, device, launch.world_size, find_unused_parameters=config.find_unused_parameters)
+    startup["ddp_unix"] = time.time()
+    if launch.world_size > 1:
+        plan.gradients.register(ddp, watchdog)
+    # torch.compile last, over the DDP-wrapped model, as Accelerate's prepare does: Dynamo's
+    # DDPOptimizer then breaks the graph at DDP's bucket boundaries and the all-reduce still
+    # overlaps backward; compiled first, one fused backward makes every gradient ready at
+    # once (torch 2.13, _dynamo/backends/distributed.py, Note [DDPOptimizer]).
+    wrapped = compile_model(ddp, device) if config.compile else ddp
+    batches = _batches(config, launch, device, plan, train_set, collate_fn)
+    built = make_optimizer(optimizer or seed_optimizer(config.lr, config.betas, config.fused_adam), wrapped, config.lr)
+    total = _total_steps(config, batches)
+    schedule = _user_scheduler(scheduler, built) if scheduler is not None else \
+        build_schedule(built, config.schedule, config.warmup_steps, total or 0)
+    scaler = make_scaler(plan.precision, device)
+    parts = resume.Parts(model=resume.ModelWeights(model), optimizer=resume.OptimizerState(built), scaler=scaler,
+                         scheduler=resume.UserScheduler(schedule) if scheduler is not None else
+                         resume.ScheduleState(schedule, position), position=position, state=state,
+                         data=batches if isinstance(batches, Stream) else None)
+    parts.register(checkpoints)
+    if snapshot is not None:
+        _resume(snapshot, resumed_from, checkpoints, parts, config, launch, plan, watchdog, batches)
+    size = ckpt.estimated_bytes(model) if config.ckpt_dir else 0
+    save_points = SavePoints(config.save_every_steps, config.save_every_minutes, config.mtbf_hours,
+                             bool(config.ckpt_dir), size / ASSUMED_COPY_BYTES_PER_S)
+    fp16 = plan.precision == "fp16"  # there GradScaler skips inf/nan steps by design: count them instead
+    agreement = StopAgreement(stop, config.stop_check_every, plan.gradients, device, launch.rank, launch.world_size,
+                              guard_finite=not fp16, max_fp16_skips=config.max_skipped_steps if fp16 else 0,
+                              stop_after_s=config.stop_after_s, expected_save_s=size / 100e6, step=position.step)
+    checkpoints.on_written = agreement.saved
+    return Assembly(wrapped, ddp, batches, built, scaler, schedule, total, save_points, agreement)
+
+
+def _resume(snapshot: dict, path: Path, checkpoints: CheckpointManager, parts: resume.Parts, config: TrainConfig,
+            launch: Launch, plan: RunPlan, watchdog: Any, batches: Any) -> None:
+    """Every part but the model's weights (loaded before DDP) from the checkpoint, and one line saying so."""
+    checkpoints.rotate = path == ckpt.checkpoint_path(config.ckpt_dir)  # never keep a bad last.pt as prev.pt
+    checkpoints.restore(snapshot, skip=("model",))
+    position = parts.position
+    watchdog.step = position.step
+    watchdog.note_checkpoint(position.step, path)
+    changed = parts.optimizer.changed + resume.changed_run_settings(snapshot.get("config", {}), config)
+    note = f"; this run's settings win: {', '.join(changed)}" if changed else ""
+    if snapshot["world_size"] != launch.world_size:
+        note += (f"; world size changed {snapshot['world_size']} -> {launch.world_size}, global batch "
+                 f"{config.global_batch} kept, so each rank now takes {plan.per_rank_batch}")
+    print_main(launch, f"resume: {path} at epoch {position.epoch}, batch {position.batch_in_epoch}, "
+                       f"step {position.step}{note}")
+    if isinstance(batches, EpochBatches) and position.batch_in_epoch >= len(batches):
+        raise ckpt.CheckpointError(f"resume position batch {position.batch_in_epoch} lies past the epoch's "
+                                   f"{len(batches)} batches; resume with the dataset and --bs the checkpoint "
+                                   "was made with")
+
+
+def seed_everything(seed: int) -> None:
+    """torch, random and numpy, as accelerate.utils.set_seed does. Each rank is seeded with
+    seed + rank (nanoGPT's seed offset): dropout and augmentations differ between ranks,
+    while DDP's broadcast at wrapping makes the starting weights rank 0's on all."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _batches(config: TrainConfig, launch: Launch, device: torch.device, plan: RunPlan, train_set: Any,
+             collate_fn: Callable | None) -> Any:
+    pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
+    if is_stream(train_set):
+        return Stream(train_set, launch.rank, launch.world_size, plan.per_rank_batch, workers=config.workers,
+                      pin_memory=pin, collate_fn=collate_fn)
+    loader = build_loader(train_set, launch, config.global_batch, seed=config.seed, split=config.split,
+                          drop_last=config.drop_last, workers=config.workers, pin_memory=pin,
+                          persistent_workers=config.persistent_workers, collate_fn=collate_fn,
+                          batched=config.batched_fetch)
+    return EpochBatches(loader, direct=config.direct_loader)
+
+
+def _total_steps(config: TrainConfig, batches: Any) -> int | None:
+    if config.max_steps:
+        return config.max_steps
+    if getattr(batches, "sized", True):
+        return config.epochs * -(-len(batches) // config.accum)
+    return None
+
+
+def _user_scheduler(factory: Callable, optimizer: torch.optim.Optimizer) -> Any:
+    try:
+        scheduler = factory(optimizer)
+    except Exception as e:
+        raise UsageError(f"the scheduler factory raised {type(e).__name__}: {' '.join(str(e).split())[:200]}; it "
+                         "gets the optimizer and returns a torch.optim.lr_scheduler.LRScheduler over it") from None
+    if not (callable(getattr(scheduler, "step", None)) and callable(getattr(scheduler, "state_dict", None))):
+        raise UsageError(f"the scheduler factory returned a {type(scheduler).__name__}, not a learning-rate "
+                         "scheduler; return e.g. torch.optim.lr_scheduler.OneCycleLR(optimizer, ...)")
+    return scheduler
+
+
+def _refuse_both_schedules(config: TrainConfig, scheduler: Callable | None) -> None:
+    if scheduler is not None and (config.schedule != "constant" or config.warmup_steps):
+        raise UsageError(f"fit(scheduler=...) and the built-in {name('schedule')}/{name('warmup_steps')} both set "
+                         "the learning rate; use one: leave schedule='constant' and warmup_steps=0 with your own")
+
+
+def _refuse_wrapped(model: torch.nn.Module) -> None:
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        raise UsageError(f"the model is already wrapped in {type(model).__name__}; pass the bare model "
+                         "(model.module): the trainer wraps it in DDP itself")

@@ -1,0 +1,122 @@
+"""What every launch environment tells the job: who this process is, how many there are,
+where rank 0 listens, and how one rank ends the whole job.
+
+A launch environment is one way the ranks of a job get started (mpirun, srun, torchrun, the
+scheduler itself, nothing at all). Each is one small class here, as Lightning Fabric's
+`plugins/environments/` has; `environments/__init__.py` holds the ordered registry that picks
+one, and fit(environment=...) takes your own.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import ClassVar, Mapping, NoReturn
+
+from ..errors import UsageError
+
+
+class LaunchError(UsageError):
+    """The launch is inconsistent (e.g. several ranks that cannot find each other)."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @property
+    def spans_hosts(self) -> bool:
+        return self.local_world_size < self.world_size
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """How the ranks should meet, as the caller and the environment variables ask."""
+
+    master_addr: str | None = None   # --master-addr, else MASTER_ADDR
+    master_port: int | None = None   # --master-port, else MASTER_PORT
+    interface: str | None = None     # --interface, else DDP_ABCI_IFNAME: rank 0's address from it
+    timeout_s: float = 120.0         # for a rendezvous that needs the network before the group opens
+
+
+class Environment:
+    """One launcher. Subclasses set `source` and `variables`, and define detect() and
+    environ_ranks(); an MPI launcher with mpi4py at hand overrides ranks(), rendezvous()
+    and end_job() (environments/mpi.py)."""
+
+    source: ClassVar[str] = ""                  # named in the start-up line: "rendezvous ... (from SOURCE)"
+    variables: ClassVar[tuple[str, ...]] = ()   # what it reads (docs, and the environment sniffer)
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.environ = os.environ if environ is None else environ
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        """Whether this launcher started the process."""
+        raise NotImplementedError
+
+    # -- who and how many -------------------------------------------------------------
+
+    def environ_ranks(self) -> Ranks:
+        """Rank and sizes from the launcher's variables alone (no MPI_Init)."""
+        raise NotImplementedError
+
+    def ranks(self) -> Ranks:
+        """Rank and sizes for the job (MPI launchers ask MPI itself)."""
+        return self.environ_ranks()
+
+    @property
+    def mpi(self) -> bool:
+        """Whether MPI (mpi4py's COMM_WORLD) joins the ranks: then the trainer's control
+        collectives and, on the CPU, its gradients can go through it."""
+        return False
+
+    # -- where rank 0 listens -----------------------------------------------------------
+
+    def rank0_host(self) -> str | None:
+        """Rank 0's host as the launcher or the scheduler around it names it, or None."""
+        from .schedulers import first_allocated_host  # noqa: PLC0415  (the registry imports this module)
+
+        return first_allocated_host(self.environ)
+
+    def job_port(self) -> int | None:
+        """The scheduler's job id as a port: jobs sharing a node differ (schedulers.job_port)."""
+        from .schedulers import job_port  # noqa: PLC0415
+
+        return job_port(self.environ)
+
+    def rendezvous(self, ranks: Ranks, meeting: Meeting) -> tuple[str, int]:
+        """Rank 0's address and port, the same on every rank, without MPI."""
+        from ..parallel import rendezvous  # noqa: PLC0415  (it loads torch's store only when needed)
+
+        if ranks.world_size == 1:
+            addr = meeting.master_addr or "127.0.0.1"
+            return addr, meeting.master_port or rendezvous.free_port(addr)
+        port = meeting.master_port or self.job_port()
+        if not port:
+            raise LaunchError(f"{ranks.world_size} ranks started by {self.source} and no mpi4py to agree on a port: "
+                              "set MASTER_PORT (the same on every rank), or install mpi4py")
+        if meeting.master_addr:
+            return meeting.master_addr, port
+        if not ranks.spans_hosts:
+            addr = rendezvous.interface_address(meeting.interface) if meeting.interface else "127.0.0.1"
+            return addr, port
+        host = self.rank0_host()
+        if host is None:
+            raise LaunchError(f"{ranks.world_size} ranks started by {self.source} across hosts and nothing names rank "
+                              "0's host (no MASTER_ADDR, no scheduler's node list): set MASTER_ADDR to rank 0's host, "
+                              "or install mpi4py")
+        if not meeting.interface:
+            return host, port
+        # Only rank 0 can read its own interface's address: the others learn it from rank 0,
+        # met first at the host the scheduler names.
+        return rendezvous.learn_rank0_address(ranks, host, port, meeting.interface, meeting.timeout_s), port
+
+    # -- the end ------------------------------------------------------------------------
+
+    def end_job(self, status: int) -> NoReturn:
+        """End the whole job now with `status`. Here: this process exits, and its launcher
+        (torchrun, srun) ends the others; MPI and srun do more (mpi.py, slurm.py)."""
+        os._exit(status)

@@ -1,0 +1,145 @@
+"""What one optimizer step trains, and how a failure inside it is told.
+
+Groups: the epoch's micro-batches, --accum at a time, on the device. A stream's groups come
+with their positions, and are read ahead up to the next check step, so that the ranks can
+agree, before training them, how many every rank has: a rank whose share runs out never
+leaves the others waiting in DDP's all-reduce.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import time
+from typing import Any, Callable, Iterator, NamedTuple
+
+import torch
+
+from .config import turn_on
+from .data import CollateFailed, batch_len, to_device
+from .errors import RankFailed, one_line
+from .preflight import UNUSED_ADVICE
+
+
+class StepResult(NamedTuple):
+    loss: torch.Tensor         # mean of the micro-batch losses, detached
+    skipped: bool              # fp16 overflow: GradScaler skipped optimizer.step
+    grad_norm: float | None    # total gradient norm before clipping (with --clip-norm)
+    samples: int               # items trained in this step, over all ranks
+
+
+class Group(NamedTuple):
+    batches: list[Any]         # the micro-batches, on the device
+    where: list[dict]          # a stream's position after each (empty for a map-style set)
+    read_s: float              # seconds spent reading them
+
+
+class EpochTally:
+    """What an epoch has trained so far on this rank (its loss sum stays on the device)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss_sum = torch.zeros((), device=device)
+        self.steps = self.samples = self.skipped = 0
+        self.norms: list[float] = []
+        self.started = time.perf_counter()
+        self.last: StepResult | None = None
+
+    def add(self, result: StepResult) -> None:
+        self.loss_sum += result.loss
+        self.steps, self.samples = self.steps + 1, self.samples + result.samples
+        self.skipped += result.skipped
+        if result.grad_norm is not None:
+            self.norms.append(result.grad_norm)
+        self.last = result
+
+
+class Groups:
+    """The rest of an epoch in groups of `accum` micro-batches (a shorter last group),
+    with a read-ahead queue for streams (available())."""
+
+    def __init__(self, batches: Iterator[Any], accum: int, device: torch.device, non_blocking: bool, *,
+                 stream: bool, here: str, step: Callable[[], int]) -> None:
+        self.batches, self.accum, self.device, self.non_blocking = batches, accum, device, non_blocking
+        self.stream, self.here, self.step = stream, here, step
+        self.ahead: collections.deque[Group] = collections.deque()
+        self.ended = False
+
+    def available(self, wanted: int) -> int:
+        """Read ahead until `wanted` groups wait or the stream ended; how many wait."""
+        while len(self.ahead) < wanted and not self.ended:
+            group = self._read()
+            if group is None:
+                self.ended = True
+            else:
+                self.ahead.append(group)
+        return min(len(self.ahead), wanted)
+
+    def dropped_items(self) -> int:
+        """Items read ahead and never trained (the epoch ended before them)."""
+        return sum(batch_len(b) for group in self.ahead for b in group.batches)
+
+    def __iter__(self) -> Iterator[Group]:
+        while True:
+            group = self.ahead.popleft() if self.ahead else self._read()
+            if group is None:
+                return
+            yield group
+
+    def _read(self) -> Group | None:
+        began = time.perf_counter()
+        try:
+            items = list(itertools.islice(self.batches, self.accum))
+        except CollateFailed as e:
+            raise RankFailed(f"{self.here}: {e}") from None
+        except Exception as e:  # the dataset's __getitem__ or __iter__, a worker
+            raise RankFailed(f"{self.here}: reading a batch of step {self.step() + 1} failed ({type(e).__name__}: "
+                             f"{one_line(e)}); fix the dataset") from None
+        if not items:
+            return None
+        batches, where = ([b for b, _ in items], [w for _, w in items]) if self.stream else (items, [])
+        return Group([to_device(b, self.device, non_blocking=self.non_blocking) for b in batches], where,
+                     time.perf_counter() - began)
+
+
+def step_failure(here: str, what: str, error: Exception, step: int, items: int, resumable: bool) -> RankFailed:
+    """This rank's own failure inside a step as one line naming rank, host and the fix (fit()
+    then ends every rank at once): the preflight's dry run passed, so this batch is what differs."""
+    text = one_line(error)
+    if "Expected to have finished reduction" in text or "find_unused_parameters" in text:
+        advice = UNUSED_ADVICE
+    elif "Expected more than 1 value per channel" in text:
+        advice = (f"the batch held {items} item(s) on this rank (an epoch's short last batch?): set "
+                  f"{turn_on('drop_last')} to drop it")
+    else:
+        advice = "fix loss_fn or the model for this batch" + (", then rerun with resume=True (--resume)"
+                                                              if resumable else "")
+    return RankFailed(f"{here}: {what} {type(error).__name__}: {text} at step {step + 1}; {advice}")
+
+
+def grad_sync(ddp: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """DDP's no_sync() around all but the last micro-batch: it toggles
+    require_backward_grad_sync, which DDP reads in forward, so K micro-batches cost one all-reduce."""
+    if last or not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return ddp.no_sync()
+
+
+def backward_phase(watchdog: Any, syncing: bool, gradients: Any) -> contextlib.AbstractContextManager:
+    """What the watchdog sees during backward: a path that marks its own waits (the MPI
+    hook) does so; through gloo or NCCL the syncing backward holds the all-reduce, timed."""
+    if syncing and not gradients.marks_its_waits:
+        return watchdog.waiting("backward with the gradient all-reduce")
+    return watchdog.working("backward")
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
+    """optimizer.step through the GradScaler; True when fp16 overflow skipped it."""
+    if not scaler.is_enabled():
+        optimizer.step()
+        return False
+    # GradScaler skips optimizer.step on inf/NaN gradients and then lowers the scale,
+    # so a lower scale means a skipped step (Accelerate 1.16 patches optimizer.step to tell).
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return scaler.get_scale() < before

@@ -1,0 +1,115 @@
+"""Slow ranks, named while training (as NVIDIA's resiliency extension scores them).
+
+In synchronous DDP every rank goes at the pace of the slowest, so a rank's step time says
+nothing; its compute time does. Each rank times its own steps without the time it waited in
+collectives (the watchdog's marks), reading its batches included, and sends the median of
+those since the last check in its own slot of the stop agreement: no collective of its own.
+Rank 0 scores each rank every report interval (--log-every):
+
+    relative    the fastest rank's median over this rank's        (a rank slower than its peers)
+    individual  this rank's best interval median over its current (a rank slower than it was)
+
+and a rank whose score is below --straggler-threshold (0.75, as NVIDIA's default) is named in
+one line when it starts straggling and again when it recovers. The hosts that straggled go
+to CKPT_DIR/slow_hosts.json, which submit.sh's next job of a chain leaves out (Slurm).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+
+class StepClock:
+    """Each rank's compute time per step: wall time since the last step, less the waits."""
+
+    def __init__(self, watchdog: Any) -> None:
+        self.watchdog = watchdog
+        self.samples: list[float] = []
+        self.mark, self.waited = time.perf_counter(), watchdog.waited_s
+
+    def restart(self) -> None:
+        """After work that is not a step (a save, an evaluation): it is not timed."""
+        self.mark, self.waited = time.perf_counter(), self.watchdog.waited_s
+
+    def step_done(self) -> None:
+        now, waited = time.perf_counter(), self.watchdog.waited_s
+        self.samples.append(max(0.0, (now - self.mark) - (waited - self.waited)))
+        self.mark, self.waited = now, waited
+
+    def take_median_us(self) -> int:
+        """The median since the last call, in microseconds (0: no step)."""
+        median = statistics.median(self.samples) if self.samples else 0.0
+        self.samples.clear()
+        return int(median * 1e6)
+
+
+class StragglerWatch:
+    """Rank 0's scores of every rank, from the agreed compute times."""
+
+    def __init__(self, threshold: float, hosts: list[str], every_s: float, ckpt_dir: str | None) -> None:
+        self.threshold, self.hosts, self.every_s = threshold, hosts, every_s
+        self.file = Path(ckpt_dir) / "slow_hosts.json" if ckpt_dir else None
+        self.window: list[list[int]] = [[] for _ in hosts]   # this interval's medians, per rank
+        self.medians: list[list[int]] = [[] for _ in hosts]  # every interval's median, per rank
+        self.best = [0] * len(hosts)
+        self.straggling: set[int] = set()
+        self.slow: dict[str, float] = {}                     # host -> its worst score
+        self.scores = [1.0] * len(hosts)
+        self.last = time.monotonic()
+
+    def observe(self, compute_us: tuple[int, ...]) -> list[str]:
+        """One agreement's medians; at the end of a report interval, the lines to print."""
+        if not self.threshold:
+            return []
+        for rank, us in enumerate(compute_us):
+            if us:
+                self.window[rank].append(us)
+        if time.monotonic() - self.last < self.every_s or not all(self.window):
+            return []
+        self.last = time.monotonic()
+        return self._score()
+
+    def _score(self) -> list[str]:
+        current = [int(statistics.median(w)) for w in self.window]
+        self.window = [[] for _ in self.hosts]
+        fastest, middle = min(current), statistics.median(current)
+        lines = []
+        for rank, us in enumerate(current):
+            self.medians[rank].append(us)
+            self.best[rank] = min(self.best[rank] or us, us)
+            relative, individual = fastest / us, self.best[rank] / us
+            self.scores[rank] = score = min(relative, individual)
+            if score < self.threshold and rank not in self.straggling:
+                self.straggling.add(rank)
+                self.slow[self.hosts[rank]] = min(score, self.slow.get(self.hosts[rank], 1.0))
+                lines.append(f"straggler: rank {rank} (host {self.hosts[rank]}) score {score:.2f}: its step compute "
+                             f"{us / 1e3:.2f} ms against the ranks' median {middle / 1e3:.2f} ms (relative "
+                             f"{relative:.2f}, individual {individual:.2f}, threshold {self.threshold:g})")
+            elif score >= self.threshold and rank in self.straggling:
+                self.straggling.discard(rank)
+                lines.append(f"straggler: rank {rank} (host {self.hosts[rank]}) recovered: score {score:.2f}")
+        if lines and self.slow:
+            self._write()
+        return lines
+
+    def _write(self) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.write_text(json.dumps({"hosts": sorted(self.slow), "worst_score": self.slow,
+                                             "threshold": self.threshold}, indent=1) + "\n")
+        except OSError:
+            pass  # a report, not the run: the checkpoint folder's own failures are said at the next save
+
+    def summary(self) -> list[dict]:
+        """Each rank's median step compute over the run and its last score (the summary JSON)."""
+        return [{"rank": rank, "host": host, "median_step_compute_ms":
+                 statistics.median(self.medians[rank]) / 1e3 if self.medians[rank] else None,
+                 "score": round(self.scores[rank], 4)} for rank, host in enumerate(self.hosts)]
+
+    def tracked(self) -> dict[str, float]:
+        """The scores for the metrics log and TensorBoard."""
+        return {f"straggler/score_rank{rank}": score for rank, score in enumerate(self.scores)}
