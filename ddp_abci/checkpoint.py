@@ -36,9 +36,11 @@ STATUS = "status"  # the run's verdict, key=value lines: the job scripts read it
 STALE_PATTERNS = (f".{FILENAME}.*.tmp", ".prev*.pt.*.tmp", f".{STATUS}.*.tmp")
 REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_size", "config",
             "batch_in_epoch", "global_batch", "rng")
-# Every key a checkpoint holds: REQUIRED, which a load insists on, and those older versions
-# of the format lacked (docs/reliability.md documents each).
-KEYS = (*REQUIRED, "train_items", "rng_per_rank", "scheduler", "data_per_rank")
+# Every key every checkpoint holds: REQUIRED, which a load insists on, and those older versions
+# of the format lacked; and the keys some hold: a stream's position, fit(state=...)'s objects
+# (NAME their names). docs/reliability.md documents each.
+KEYS = (*REQUIRED, "train_items", "rng_per_rank", "scheduler")
+OPTIONAL_KEYS = ("data", "data_per_rank", "state/NAME", "state/NAME_per_rank")
 
 
 class CheckpointError(UsageError):
@@ -106,7 +108,7 @@ def rotate(path: Path, keep: int) -> None:
     to prev2.pt, ...; the oldest beyond `keep` is replaced), then last.pt becomes prev.pt.
     Every step is one atomic rename, so at every instant each file is whole."""
     names = previous_names(keep)
-    for older, newer in zip(reversed(names[1:]), reversed(names[:-1])):
+    for older, newer in zip(reversed(names[1:]), reversed(names[:-1]), strict=False):
         if path.with_name(newer).exists():
             os.replace(path.with_name(newer), path.with_name(older))
     if names:

@@ -54,11 +54,13 @@ class Writer:
         self.error: BaseException | None = None
         self.seconds = 0.0
 
-    def start(self, write: Callable[[], None]) -> None:
+    def start(self, write: Callable[[], None], done: Callable[[], None]) -> None:
+        """Run write() in the background; done() after it succeeded (rank 0 knows at once)."""
         def run() -> None:
             began = time.monotonic()
             try:
                 write()
+                done()
             except Exception as e:  # disk full, quota, folder gone or read-only: the next save point says so
                 e.__traceback__ = None  # its frames hold the serialised checkpoint
                 self.error = e
@@ -126,7 +128,7 @@ class CheckpointManager:
             with self.watchdog.working("serialising the checkpoint"):
                 data = ckpt.serialize(self._snapshot(ranks))
             size = len(data)
-            self.writer.start(lambda: self._write(data))
+            self.writer.start(lambda: self._write(data), lambda: self.watchdog.note_checkpoint(step, self.file))
         stall = time.monotonic() - began
         self._pending = (step, stall, size)
         self.stall_s, self.last_stall_s = self.stall_s + stall, stall
@@ -192,7 +194,7 @@ class CheckpointManager:
         for key, (part, per_rank, _) in self.parts.items():
             if per_rank == "auto" and any(r[key] != ranks[0][key] for r in ranks):
                 states = gather_to_main(part.state_dict())
-                for r, state in zip(ranks, states or [None] * len(ranks)):
+                for r, state in zip(ranks, states or [None] * len(ranks), strict=True):
                     r[key] = state
 
     def _snapshot(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:

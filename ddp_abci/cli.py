@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import fields
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, NamedTuple, TypeVar
 
 from .environments import launched_rank
 from .errors import RunError
@@ -66,3 +66,33 @@ def report(error: RunError) -> int:
     if launched_rank() == 0 or not error.same_on_every_rank:
         print(f"error: {error}", file=sys.stderr, flush=True)
     return error.exit_status
+
+
+class CommandLine(NamedTuple):
+    config: Any          # TrainConfig
+    launch: dict         # fit()'s rendezvous keywords: master_addr, master_port, interface
+    rest: list[str]      # the arguments that are not ddp_abci's, for your own parser
+
+
+def parse_command_line(argv: list[str] | None = None, **defaults: Any) -> CommandLine:
+    """Your script's TrainConfig from its command line, the flags `python -m ddp_abci.train`
+    takes (--epochs, --bs, --ckpt-dir, --resume, --stop-after, --interface, ...), with
+    `defaults` for your program; the job scripts pass a TRAIN_SCRIPT the same flags as the
+    trainer, so this is how a fit() script gets its checkpoint folder, resume and deadline:
+
+        config, launch, rest = parse_command_line(epochs=30, global_batch=64)
+        sys.exit(fit(model, train_set, loss_fn, config, **launch))
+
+    A bad value is one `error:` line and exit 2, as the trainer's own."""
+    from .config import TrainConfig  # noqa: PLC0415  (this module stays light for the command line)
+    from .parallel.launch import LaunchOptions  # noqa: PLC0415
+
+    parser = OneLineParser(prog=sys.argv[0] if argv is None else "train", allow_abbrev=False)
+    add_options(parser, TrainConfig, defaults=defaults)
+    add_options(parser, LaunchOptions)
+    args, rest = parser.parse_known_args(argv)
+    try:
+        config, launch = build(TrainConfig, args), build(LaunchOptions, args)
+    except RunError as e:
+        raise SystemExit(report(e)) from None
+    return CommandLine(config, {f.name: getattr(launch, f.name) for f in fields(launch)}, rest)

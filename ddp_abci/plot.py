@@ -64,7 +64,7 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
     ax_lr.set_ylabel("learning rate")
     rated = [(r["step"], r["samples_per_s"]) for r in rows if r.get("samples_per_s")]
     if rated:
-        ax_rate.plot(*zip(*rated), lw=0.4, alpha=0.5)
+        ax_rate.plot(*zip(*rated, strict=True), lw=0.4, alpha=0.5)
     ax_rate.set_ylabel("samples/s")
     ax_rate.set_xlabel("optimizer step")
     for ax in (ax_loss, ax_lr, ax_rate):

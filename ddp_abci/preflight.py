@@ -211,7 +211,7 @@ def _state_of(model: torch.nn.Module) -> dict:
 
 def _restore(model: torch.nn.Module, state: dict) -> None:
     with torch.no_grad():
-        for buffer, saved in zip(model.buffers(), state["buffers"]):
+        for buffer, saved in zip(model.buffers(), state["buffers"], strict=True):
             buffer.copy_(saved)
     for p in model.parameters():
         p.grad = None

@@ -46,7 +46,7 @@ class OptimizerState:
     def load_state_dict(self, state: dict) -> None:
         current = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state)
-        for group, now, saved in zip(self.optimizer.param_groups, current, state["param_groups"]):
+        for group, now, saved in zip(self.optimizer.param_groups, current, state["param_groups"], strict=True):
             group.update(now)
             for key in HYPER:
                 base = "initial_lr" if key == "lr" and "initial_lr" in now else key
@@ -77,12 +77,12 @@ class ScheduleState:
         base_lrs = [group["initial_lr"] for group in scheduler.optimizer.param_groups]
         if state:
             scheduler.load_state_dict(state)  # also restores the saved lambdas' fields: undone below
-            for f, fields in zip(scheduler.lr_lambdas, shape):
+            for f, fields in zip(scheduler.lr_lambdas, shape, strict=True):
                 f.__dict__.update(fields)
         else:
             scheduler.last_epoch = self.position.step
         scheduler.base_lrs = base_lrs
-        for group, base, f in zip(scheduler.optimizer.param_groups, base_lrs, scheduler.lr_lambdas):
+        for group, base, f in zip(scheduler.optimizer.param_groups, base_lrs, scheduler.lr_lambdas, strict=True):
             group["lr"] = base * f(scheduler.last_epoch)
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 

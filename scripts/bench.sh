@@ -10,4 +10,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Open MPI 5 from pip: naming the transports cuts MPI_Init from 1.1 s to 0.1 s per rank
 # here (measured); sm for ranks on one host, tcp between hosts.
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,sm,tcp}  # harmless when not root
+if [ "${DRY_RUN:-}" = 1 ]; then  # print the command instead of running it
+    echo "dry run: $(printf '%q ' "$PYTHON" -m ddp_abci.bench "$@")"
+    exit 0
+fi
 exec "$PYTHON" -m ddp_abci.bench "$@"

@@ -13,4 +13,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Open MPI 5 from pip: naming the transports cuts MPI_Init by about a second per rank
 # here (docs/benchmark.md); sm for ranks on one host, tcp between hosts.
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,sm,tcp}
-run_stoppable .venv/bin/mpirun -n "$NPROC" --oversubscribe --stdin none .venv/bin/python -m ddp_abci.train "$@"
+cmd=(.venv/bin/mpirun -n "$NPROC" --oversubscribe --stdin none .venv/bin/python -m ddp_abci.train "$@")
+if [ "${DRY_RUN:-}" = 1 ]; then  # print the command instead of running it
+    echo "dry run: $(printf '%q ' "${cmd[@]}")"
+    exit 0
+fi
+run_stoppable "${cmd[@]}"

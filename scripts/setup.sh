@@ -3,11 +3,16 @@
 #   TORCH_SPEC  torch requirement to install first (default torch==2.13.0, the CPU build
 #               this project is tested with; on GPU machines pass the CUDA build you need)
 #   EXTRAS      extras of ddp_abci to install (default mpi,test)
+#   DRY_RUN     1: print the commands instead of running them
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 EXTRAS=${EXTRAS:-mpi,test}
 PYTHON=${PYTHON:-python3}
+if [ "${DRY_RUN:-}" = 1 ]; then
+    echo "dry run: $PYTHON -m venv .venv; .venv/bin/python -m pip install $TORCH_SPEC; .venv/bin/python -m pip install -e .[$EXTRAS]"
+    exit 0
+fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

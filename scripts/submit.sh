@@ -1,42 +1,102 @@
 #!/bin/bash
-# Submit ddp_abci, one job or a chain of them:
-#   scripts/submit.sh SITE [-g GROUP] [-n NODES] [-t WALLTIME] [-c N] [-- TRAINER ARGS]
-#   SITE: abci3 (PBS Professional), abci2 (Grid Engine) or slurm
-#   scripts/submit.sh abci3 -g gaa12345 -n 4 -t 12:00:00 -c 5 -- --epochs 200   # five 12-hour jobs, one after another
-# -c N submits N jobs, each starting after the one before it ends, whatever its exit status
-# (PBS depend=afterany, Grid Engine -hold_jid, Slurm --dependency=afterany); every job resumes
-# from CKPT_DIR, which a chain needs. A job that finds the run finished exits 0 at once; one
-# that finds it diverged (65), its storage failing (74) or its input refused (2) stops the
-# chain, saying why (CKPT_DIR/status). It prints one job id per line.
-# Environment settings (CONTAINER, CKPT_DIR, IFNAME, ...) reach the jobs in a file (SUBMIT_DIR,
-# default .submit/, sourced by the job): qsub -v splits its list at commas, which BINDS and
-# trainer arguments may hold. DRY_RUN=1 prints the submit lines (JOB1, JOB2, ... for the ids)
-# and the file instead of submitting.
+# Submit ddp_abci, one job or a chain of them. scripts/submit.sh --help says how.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/job_common.sh
-source scripts/lib/job_common.sh  # to_seconds, margin_s, and die: "submit.sh: error: ..."
+source scripts/lib/job_common.sh  # to_seconds, hms, margin_s, batch_of, and die: "submit.sh: error: ..."
+
+usage() {
+    cat <<'USAGE'
+usage: scripts/submit.sh SITE [-g GROUP] [-n NODES] [-t WALLTIME] [-c JOBS] [-p RANKS_PER_NODE]
+                         [-G GPUS_PER_NODE] [-r RESOURCE] [--doctor] [-- TRAINER ARGS]
+  SITE               abci3 (PBS Professional, ABCI 3.0), abci2 (Grid Engine, ABCI 2.0) or slurm
+  -g GROUP           your ABCI group (qsub -P / -g), or a Slurm account (-A); needed on ABCI
+  -n NODES           nodes per job (default 1)
+  -t WALLTIME        per job: 12:00:00, 2-00:00:00, 12h, 90m, 2d (default 1h)
+  -c JOBS            a chain: JOBS jobs, each starting when the one before ends, each resuming
+                     from CKPT_DIR (needed); a finished run ends the chain, and so do exits 2, 65, 74
+  -p RANKS_PER_NODE  ranks on each node (default: one per GPU: abci3 rt_HF 8, abci2 rt_AF 8,
+                     rt_F 4; slurm: -G's, else NPROC_PER_NODE, else 1)
+  -G GPUS_PER_NODE   slurm: the partition's GPUs per node (or GPUS_PER_NODE): asks --gpus-per-node
+  -r RESOURCE        abci2: rt_AF (default, 8 A100) or rt_F (4 V100)
+  --doctor           the first job checks the allocation first (python -m ddp_abci.doctor; DOCTOR=1)
+  -- TRAINER ARGS    the trainer's flags (python -m ddp_abci.train --help), or your TRAIN_SCRIPT's
+Settings from the environment reach every job: CKPT_DIR, TRAIN_SCRIPT, CONTAINER, IFNAME,
+NPROC_PER_NODE, MODULES, MPI_ARGS, BINDS, STOP_MARGIN_S, MAP_BY (scripts/lib/job_common.sh).
+DRY_RUN=1 prints the submit lines and the settings file and writes nothing. Job ids: one a line.
+USAGE
+}
+
 site=${1:-}
-shift || true
-case "$site" in abci3 | abci2 | slurm) ;; *) die "first argument must be abci3, abci2 or slurm" ;; esac
-group="" nodes=1 walltime=01:00:00 chain=1
-while getopts "g:n:t:c:" opt; do
+case "$site" in
+    -h | --help) usage; exit 0 ;;
+    abci3 | abci2 | slurm) shift ;;
+    *) die "first argument must be abci3, abci2 or slurm (scripts/submit.sh --help)" ;;
+esac
+options=() doctor=""
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    case "$1" in
+        -h | --help) usage; exit 0 ;;
+        --doctor) doctor=1 ;;
+        *) options+=("$1") ;;
+    esac
+    shift
+done
+[ "${1:-}" != -- ] || shift
+group="" nodes=1 walltime=1h chain=1 per_node="" gpus=${GPUS_PER_NODE:-} resource=rt_AF
+set -- "${options[@]+"${options[@]}"}" -- "$@"
+while getopts "g:n:t:c:p:G:r:" opt; do
     case $opt in
         g) group=$OPTARG ;;
         n) nodes=$OPTARG ;;
         t) walltime=$OPTARG ;;
         c) chain=$OPTARG ;;
-        *) die "usage: submit.sh abci3|abci2|slurm [-g GROUP] [-n NODES] [-t WALLTIME] [-c N] [-- TRAINER ARGS]" ;;
+        p) per_node=$OPTARG ;;
+        G) gpus=$OPTARG ;;
+        r) resource=$OPTARG ;;
+        *) die "unknown option (scripts/submit.sh --help)" ;;
     esac
 done
 shift $((OPTIND - 1))
+[ "${1:-}" != -- ] || shift
 [ "$site" = slurm ] || [ -n "$group" ] || die "no group given: pass -g GROUP (your ABCI group, e.g. gaa12345)"
-[[ "$nodes" =~ ^[1-9][0-9]*$ ]] || die "-n $nodes is not a positive number of nodes"
-[[ "$chain" =~ ^[1-9][0-9]*$ ]] || die "-c $chain is not a positive number of jobs"
+for pair in "n:$nodes" "c:$chain" ${per_node:+"p:$per_node"} ${gpus:+"G:$gpus"}; do
+    [[ "${pair#*:}" =~ ^[1-9][0-9]*$ ]] || die "-${pair%%:*} ${pair#*:} is not a positive number"
+done
+case "$site:$resource" in abci2:rt_AF | abci2:rt_F | abci3:* | slurm:*) ;; *)
+    die "-r $resource: ABCI 2.0's multi-node types are rt_AF (8 GPUs) and rt_F (4 GPUs)" ;; esac
 [ "$chain" = 1 ] || [ -n "${CKPT_DIR:-}" ] || die "-c $chain needs CKPT_DIR: every job of a chain resumes from it" \
     "(CKPT_DIR=/groups/GROUP/runs/NAME scripts/submit.sh ...)"
-limit=$(to_seconds "$walltime")
-[ "$limit" -ge 60 ] || die "-t $walltime is too short: give at least 00:01:00"
+# A bare number is minutes to Slurm and seconds to PBS: only unambiguous forms are taken.
+[[ "$walltime" =~ ^([0-9]+-)?[0-9]+:[0-9]{2}:[0-9]{2}$ || "$walltime" =~ ^[0-9]+[dhms]$ ]] ||
+    die "walltime $walltime: use HH:MM:SS, D-HH:MM:SS, or a number with d, h, m or s (12h, 90m)"
+limit=$(to_seconds "$walltime") || exit 2
+[ "$limit" -ge 60 ] || die "-t $walltime is too short: give at least 1m"
+
+# Ranks per node: what -p or NPROC_PER_NODE says, else one per GPU of the site's node.
+case "$site:$resource" in abci3:*) node_gpus=8 ;; abci2:rt_AF) node_gpus=8 ;; abci2:rt_F) node_gpus=4 ;;
+    *) node_gpus=${gpus:-0} ;; esac
+if [ -n "$per_node" ]; then
+    [ "$node_gpus" = 0 ] || [ "$per_node" = "$node_gpus" ] ||
+        echo "submit.sh: $per_node rank(s) per node (-p), not one per GPU ($node_gpus)" >&2
+elif [ -n "${NPROC_PER_NODE:-}" ]; then
+    per_node=$NPROC_PER_NODE
+    echo "submit.sh: $per_node rank(s) per node (NPROC_PER_NODE)" >&2
+elif [ "$node_gpus" != 0 ]; then
+    per_node=$node_gpus
+else
+    per_node=1
+fi
+[[ "$per_node" =~ ^[1-9][0-9]*$ ]] || die "NPROC_PER_NODE=$per_node is not a positive number"
+NPROC_PER_NODE=$per_node
+ranks=$(( nodes * per_node ))
+# The global batch must divide by the ranks: refused here, not after a queue wait.
+if [ -z "${TRAIN_SCRIPT:-}" ]; then
+    bs=$(batch_of "$@") || exit 2
+    [ $(( bs % ranks )) = 0 ] || die "--bs $bs does not divide by $nodes node(s) x $per_node rank(s) = $ranks:" \
+        "use a multiple of $ranks, e.g. --bs $(( (bs / ranks > 0 ? bs / ranks : 1) * ranks ))"
+fi
+
 # The trainer stops at its --stop-after, a margin before the limit (a quarter of a short
 # walltime, at most 2 minutes: job_common.sh); the scheduler's warning signal is the fallback
 # and must not come before it. Grid Engine: s_rt (where its SIGUSR1 comes) at the margin, the
@@ -47,33 +107,47 @@ limit=$(to_seconds "$walltime")
 margin=$(margin_s "$limit")
 slurm_warning=$(( margin - 60 ))
 
-mkdir -p "${SUBMIT_DIR:=$PWD/.submit}"  # on the shared file system, where the jobs can read it
-envfile=$(mktemp "$SUBMIT_DIR/job.XXXXXX.env")
-chain_id=$(basename "$envfile" .env)  # unique for this chain: its jobs read only its records
-{
+# Settings reach the jobs in a file (SUBMIT_DIR, default .submit/, on the shared file system),
+# sourced by the job: qsub -v splits its list at commas, which BINDS and trainer arguments may hold.
+SUBMIT_DIR=${SUBMIT_DIR:-$PWD/.submit}
+settings() {
     printf 'TRAIN_ARGS=%q\n' "$*"
+    printf 'NPROC_PER_NODE=%q\n' "$NPROC_PER_NODE"
     [ "$chain" = 1 ] || printf 'CHAIN_ID=%q\n' "$chain_id"
-    for v in CONTAINER CKPT_DIR IFNAME NPROC_PER_NODE MODULES MPI_ARGS BINDS STOP_MARGIN_S MAP_BY; do
+    [ -z "$doctor" ] || printf 'DOCTOR_FIRST=1\n'
+    for v in CONTAINER CKPT_DIR IFNAME MODULES MPI_ARGS BINDS STOP_MARGIN_S MAP_BY TRAIN_SCRIPT DOCTOR; do
         [ -n "${!v:-}" ] && printf '%s=%q\n' "$v" "${!v}"
     done
-} >"$envfile"
+    return 0
+}
+if [ -n "${DRY_RUN:-}" ]; then
+    envfile=$SUBMIT_DIR/job.DRYRUN.env
+else
+    mkdir -p "$SUBMIT_DIR"
+    envfile=$(mktemp "$SUBMIT_DIR/job.XXXXXX.env")
+fi
+chain_id=$(basename "$envfile" .env)  # unique for this chain: its jobs read only its records
+[ -n "${DRY_RUN:-}" ] || settings "$@" >"$envfile"
 
 # submit_line PREVIOUS_ID: the command that submits one job, after PREVIOUS_ID when given.
 submit_line() {
     local after=$1
     case "$site" in
         abci3)
-            cmd=(qsub -P "$group" -q rt_HF -l "select=$nodes" -l "walltime=$walltime")
+            # rt_HF is a whole node (8 H200): ABCI 3.0's form is select=N; the job writes its
+            # own host file with NPROC_PER_NODE slots a node (job_common.sh).
+            cmd=(qsub -P "$group" -q rt_HF -l "select=$nodes" -l "walltime=$(hms "$limit")")
             [ -n "$after" ] && cmd+=(-W "depend=afterany:$after")
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci3.sh) ;;
         abci2)
-            # s_rt before h_rt: SIGUSR1 there, where h_rt alone would SIGKILL unannounced.
-            local soft=$(( limit - margin ))
-            cmd=(qsub -terse -g "$group" -l "rt_AF=$nodes" -l "h_rt=$walltime" -l "s_rt=$soft")
+            # rt_AF=N / rt_F=N: N whole nodes. s_rt before h_rt: SIGUSR1 there, where h_rt
+            # alone would SIGKILL unannounced.
+            cmd=(qsub -terse -g "$group" -l "$resource=$nodes" -l "h_rt=$(hms "$limit")" -l "s_rt=$(( limit - margin ))")
             [ -n "$after" ] && cmd+=(-hold_jid "$after")
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci2.sh) ;;
         slurm)
-            cmd=(sbatch --parsable -N "$nodes" -t "$walltime")
+            cmd=(sbatch --parsable -N "$nodes" --ntasks-per-node="$per_node" -t "$(slurm_time "$limit")")
+            [ -n "$gpus" ] && cmd+=("--gpus-per-node=$gpus")
             [ "$slurm_warning" -gt 0 ] && cmd+=("--signal=B:USR1@$slurm_warning")
             [ -n "$group" ] && cmd+=(-A "$group")
             [ -n "$after" ] && cmd+=("--dependency=afterany:$after")
@@ -81,7 +155,7 @@ submit_line() {
     esac
 }
 
-previous=""
+previous="" ids=()
 for i in $(seq 1 "$chain"); do
     submit_line "$previous"
     if [ -n "${DRY_RUN:-}" ]; then
@@ -91,9 +165,13 @@ for i in $(seq 1 "$chain"); do
     else
         out=$("${cmd[@]}") || die "submitting job $i of $chain failed: $out"
         previous=${out%%;*}   # sbatch --parsable: "ID;cluster"
+        ids+=("$previous")
         echo "$previous"
     fi
 done
 if [ -n "${DRY_RUN:-}" ]; then
-    cat "$envfile"
+    echo "# $envfile (not written: DRY_RUN):"
+    settings "$@"
+elif [ "$chain" != 1 ]; then
+    printf '%s\n' "${ids[@]}" >"$SUBMIT_DIR/$chain_id.jobs"  # the jobs read it: a slow host left out of the next
 fi

@@ -4,12 +4,18 @@
 #   bash scripts/test.sh --quick   the tests that start no mpirun, namespace or scheduler
 #                                  (tests/conftest.py marks the others from their fixtures)
 # Other arguments go to pytest. pytest's exit 5 ("no tests collected") fails too.
+# DRY_RUN=1 prints the commands instead of running them.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 args=()
 for a in "$@"; do
     if [ "$a" = --quick ]; then args+=(-m "not launcher"); else args+=("$a"); fi
 done
+if [ "${DRY_RUN:-}" = 1 ]; then
+    echo "dry run: scripts/setup.sh; apt-get install the schedulers' packages (root); .venv/bin/ruff check .;" \
+        ".venv/bin/python -m pytest ${args[*]}"
+    exit 0
+fi
 bash scripts/setup.sh || exit 1
 # The scheduler tests run a real Slurm (and Grid Engine) from Debian's packages: install them
 # when missing, as root (CI runs as root); elsewhere those tests skip, and in CI they fail.

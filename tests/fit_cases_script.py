@@ -156,7 +156,7 @@ def main():
                                             optimizer=lambda params: torch.optim.SGD([{"lr": 0.1}], lr=0.1)),
         "bias-left-out": lambda: fit(linear(), DATA, mse, config(), optimizer=lambda params: torch.optim.SGD(
             (p for p in params if p.ndim >= 2), lr=0.1)),
-        "iterable-dataset": lambda: fit(linear(), Stream(), mse, config()),
+        "stream-cosine-without-length": lambda: fit(linear(), Stream(), mse, config(schedule="cosine")),
         "ragged-items": lambda: fit(linear(), Ragged(), mse, config()),
         "ragged-items-collated": lambda: fit(linear(), Ragged(), mse, config(ckpt_dir=d("ragged")), collate_fn=pad),
         "batchnorm-last-batch-of-one": lambda: fit(WithNorm(), TensorDataset(X[:34], Y[:34]), mse,

@@ -33,7 +33,7 @@ if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
         def train_step_then_save(self, groups):
             result = train_step(self, groups)
             if self.step == 2:  # the step being finished is the third
-                self._save_snapshot()
+                self._save()
             return result
 
         Trainer.train_step = train_step_then_save

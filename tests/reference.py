@@ -48,7 +48,7 @@ def reference_run(*, steps_per_epoch: int, epochs: int, num_items: int, global_b
                 loss.backward()
                 grads.append([p.grad.clone() for p in model.parameters()])
                 losses.append(loss.item())
-            for p, *per_rank in zip(model.parameters(), *grads):
+            for p, *per_rank in zip(model.parameters(), *grads, strict=True):
                 p.grad = sum(per_rank) / world
             if clip_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)

@@ -43,7 +43,7 @@ def test_an_interrupted_and_resumed_run_ends_with_identical_weights(uninterrupte
     end = load(tmp_path / "last.pt")
     assert end["step"] == 16
     assert same_tensors(end["model"], uninterrupted["model"])
-    for a, b in zip(end["optimizer"]["state"].values(), uninterrupted["optimizer"]["state"].values()):
+    for a, b in zip(end["optimizer"]["state"].values(), uninterrupted["optimizer"]["state"].values(), strict=True):
         assert same_tensors(a, b)
 
 

@@ -79,8 +79,9 @@ def test_an_optimizer_factory_that_gives_the_wrong_thing_is_one_line(cases, case
     assert words in refused(cases, case)
 
 
-def test_an_iterable_dataset_is_refused_saying_why(cases):
-    assert "DistributedSampler shares a dataset out by index and needs its length" in refused(cases, "iterable-dataset")
+def test_a_stream_with_no_length_cannot_take_a_schedule_that_needs_the_runs_length(cases):
+    line = refused(cases, "stream-cosine-without-length")
+    assert "schedule (--schedule) cosine needs the run's length: set max_steps (--max-steps)" in line
 
 
 def test_variable_length_items_name_the_collate_and_the_items_not_the_loss(cases):

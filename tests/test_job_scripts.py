@@ -60,7 +60,9 @@ def test_the_job_script_trains_two_ranks_outside_its_scheduler(script, localhost
     proc = run(["bash", script, *SMALL], env=e)
     assert proc.returncode == 0, proc.stdout
     assert "job 1234: 1 node(s) x 2 rank(s) = 2, container none" in proc.stdout
-    assert "world size 2 (local 2)" in proc.stdout and "done: 8 steps" in proc.stdout
+    # The job scripts' global batch is 256 unless one is given: 400 items make 2 steps (256, 144).
+    assert "world size 2 (local 2)" in proc.stdout and "global batch 256" in proc.stdout
+    assert "done: 2 steps" in proc.stdout
 
 
 def test_train_args_and_the_checkpoint_folder_reach_the_trainer(localhost, tmp_path, mpirun):
@@ -69,7 +71,7 @@ def test_train_args_and_the_checkpoint_folder_reach_the_trainer(localhost, tmp_p
     assert proc.returncode == 0, proc.stdout
     assert load(tmp_path / "ck" / "last.pt")["step"] == 3
     again = run(["bash", "scripts/abci/train_abci3.sh"], env={**e, "TRAIN_ARGS": "--num-items 400 --max-steps 5"})
-    assert "at epoch 0, batch 3, step 3" in again.stdout  # a resubmitted job continues
+    assert "at epoch 1, batch 1, step 3" in again.stdout  # a resubmitted job continues (2 batches an epoch)
 
 
 def test_slurms_srun_launcher_gets_the_same_trainer_arguments_as_mpirun(localhost, tmp_path):
@@ -81,7 +83,7 @@ def test_slurms_srun_launcher_gets_the_same_trainer_arguments_as_mpirun(localhos
                 PATH=f"{fake.parent}:{VENV_BIN}:{os.environ['PATH']}")
     proc = run(["bash", "scripts/slurm/train.sbatch", "--seed", "5"], env=e)
     assert proc.returncode == 0, proc.stdout
-    assert (f"srun --mpi=pmix --ntasks-per-node=2 {PYTHON} -m ddp_abci.train --interface lo "
+    assert (f"srun --mpi=pmix --ntasks-per-node=2 {PYTHON} -m ddp_abci.train --bs 256 --interface lo "
             f"--ckpt-dir {tmp_path / 'ck'} --resume --epochs 7 --seed 5") in proc.stdout
 
 
@@ -131,99 +133,6 @@ def test_a_bad_ranks_per_node_is_named(localhost):
     e = job_env(localhost, NPROC_PER_NODE="eight")
     proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
     assert "NPROC_PER_NODE=eight is not a positive integer" in _error(proc)
-
-
-def test_submitting_without_a_group_is_refused():
-    proc = run(["bash", "scripts/submit.sh", "abci3", "-n", "2"])
-    assert "no group given: pass -g GROUP" in _error(proc)
-
-
-def test_a_chain_without_a_checkpoint_folder_is_refused_in_one_line():
-    proc = run(["bash", "scripts/submit.sh", "slurm", "-c", "3"], env=env(DRY_RUN="1"))
-    assert "-c 3 needs CKPT_DIR: every job of a chain resumes from it" in _error(proc)
-
-
-def _submit(tmp_path, *args, **settings):
-    proc = run(["bash", "scripts/submit.sh", *args], env=env(DRY_RUN="1", SUBMIT_DIR=str(tmp_path), **settings))
-    assert proc.returncode == 0, proc.stdout
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(("qsub ", "sbatch "))]
-    envfile = Path(re.search(r"DDP_ABCI_ENV=(\S+)", lines[0])[1])
-    return (lines[0] if len(lines) == 1 else lines), envfile
-
-
-def test_the_abci3_submit_line_asks_pbs_for_whole_h200_nodes(tmp_path):
-    line, envfile = _submit(tmp_path, "abci3", "-g", "gaa12345", "-n", "4", "-t", "02:00:00", "--", "--epochs", "50",
-                            CKPT_DIR="/groups/gaa12345/run1")
-    assert line.startswith("qsub -P gaa12345 -q rt_HF -l select=4 -l walltime=02:00:00 -v DDP_ABCI_ENV=")
-    assert line.rstrip().endswith("scripts/abci/train_abci3.sh")
-    assert "TRAIN_ARGS=--epochs\\ 50" in envfile.read_text() and "CKPT_DIR=/groups/gaa12345/run1" in envfile.read_text()
-
-
-def test_the_abci2_submit_line_asks_for_s_rt_before_h_rt(tmp_path):
-    line, _ = _submit(tmp_path, "abci2", "-g", "gaa12345", "-n", "2")
-    assert re.match(r"qsub -terse -g gaa12345 -l rt_AF=2 -l h_rt=01:00:00 -l s_rt=3480 -v DDP_ABCI_ENV=\S+ "
-                    r"scripts/abci/train_abci2.sh", line), line
-
-
-@pytest.mark.parametrize("site, first, then", [
-    ("abci3", "qsub -P g -q rt_HF -l select=1 -l walltime=00:01:00 -v", "-W depend=afterany:JOB{}"),
-    ("abci2", "qsub -terse -g g -l rt_AF=1 -l h_rt=00:01:00 -l s_rt=45 -v", "-hold_jid JOB{}"),
-    ("slurm", "sbatch --parsable -N 1 -t 00:01:00 -A g --export=", "--dependency=afterany:JOB{}"),
-])
-def test_a_chain_submits_each_job_after_the_one_before_with_the_schedulers_own_flag(tmp_path, site, first, then):
-    lines, envfile = _submit(tmp_path, site, "-g", "g", "-t", "00:01:00", "-c", "3", CKPT_DIR="/groups/g/run")
-    assert len(lines) == 3 and all(line.startswith(first.split(" -v")[0].split(" --export")[0]) for line in lines)
-    assert lines[0].startswith(first) and "JOB" not in lines[0]  # a 1-minute walltime: warnings inside it
-    assert "--signal" not in lines[0]  # Slurm may send it up to 60 s early: in a 1-minute job, at any time
-    assert then.format(1) in lines[1] and then.format(2) in lines[2]
-    assert "CHAIN_ID=" in envfile.read_text()
-
-
-def test_slurms_warning_signal_comes_a_minute_after_the_planned_stop(tmp_path):
-    # 12 hours: the stop 120 s before the limit, the USR1 asked for at 60 s, sent by 120 s at the earliest.
-    line, _ = _submit(tmp_path, "slurm", "-t", "12:00:00")
-    assert line.startswith("sbatch --parsable -N 1 -t 12:00:00 --signal=B:USR1@60 --export="), line
-
-
-def test_values_with_commas_reach_the_job_whole(tmp_path, localhost):
-    line, envfile = _submit(tmp_path, "abci3", "-g", "g", "--", "--interface", "ib0,ib1",
-                            BINDS="/data/a,/data/b", CKPT_DIR=str(tmp_path / "run"), CONTAINER=str(tmp_path / "x.sif"))
-    assert "," not in line.split("-v ")[1].split()[0]  # qsub -v would split there
-    (tmp_path / "x.sif").write_text("image")
-    (tmp_path / "tmp").mkdir()
-    job = run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, DRY_RUN="1", DDP_ABCI_ENV=str(envfile),
-                                                                  CONTAINER="", CKPT_DIR="", BINDS="",
-                                                                  TMPDIR=str(tmp_path / "tmp")))
-    assert job.returncode == 0, job.stdout
-    dry = next(x for x in job.stdout.splitlines() if x.startswith("dry run: ")).replace("\\,", ",")  # printf %q
-    assert f"--bind {REPO},{tmp_path / 'run'},{tmp_path / 'tmp'},/data/a,/data/b " in dry, dry
-    assert "--interface ib0,ib1" in dry, dry
-    assert "--env PYTHONNOUSERSITE=1" in dry and (tmp_path / "run").is_dir()  # created before binding
-
-
-def _recipe(parser_name, path):
-    parsers = pytest.importorskip("spython.main.parse.parsers")
-    return next(iter(getattr(parsers, parser_name)(str(REPO / path)).recipe.values()))
-
-
-def test_the_singularity_definition_parses_and_copies_files_that_exist():
-    recipe = _recipe("SingularityParser", "scripts/container/ddp_abci.def")
-    assert recipe.fromHeader.startswith("nvcr.io/nvidia/pytorch:")
-    for line in recipe.files:
-        assert (REPO / line.split()[0]).exists(), line
-    assert any("--no-binary=mpi4py" in step for step in recipe.install)
-    assert "python -m ddp_abci.train" in recipe.cmd
-
-
-def test_the_dockerfile_and_the_definition_build_the_same_pinned_image():
-    docker = _recipe("DockerParser", "scripts/container/Dockerfile")
-    sing = _recipe("SingularityParser", "scripts/container/ddp_abci.def")
-    assert docker.fromHeader == sing.fromHeader
-    dockerfile = (REPO / "scripts/container/Dockerfile").read_text()
-    definition = (REPO / "scripts/container/ddp_abci.def").read_text()
-    for pkg in ("MPI4PY", "ACCELERATE"):
-        version = re.search(rf"ARG {pkg}_VERSION=(\S+)", dockerfile)[1]
-        assert f"{pkg.lower()}=={version}" in definition
 
 
 def test_the_gpu_check_without_a_cuda_build_exits_3_within_seconds_naming_it():
@@ -329,14 +238,51 @@ def test_ranks_are_mapped_per_socket_bound_to_their_cores_with_threads_to_match(
     assert "12 thread(s) per rank" in out
 
 
-def test_container_builds_take_their_scratch_folders_from_build_dir_and_check_mpi4py_mpi():
-    for script in ("scripts/container/build_singularity.sh", "scripts/container/build_docker.sh"):
-        text = (REPO / script).read_text()
-        assert "SINGULARITY_TMPDIR=${SINGULARITY_TMPDIR:-$BUILD_DIR/" in text
-        assert "SINGULARITY_CACHEDIR=${SINGULARITY_CACHEDIR:-$BUILD_DIR/" in text
-        assert "import mpi4py.MPI" in text and "ompi_info --version" in text
-    for recipe in ("scripts/container/Dockerfile", "scripts/container/ddp_abci.def"):
-        assert "import ddp_abci, mpi4py.MPI as M" in (REPO / recipe).read_text()
+def _node(tmp_path, sockets: int, cores_per_socket: int, threads: int, gpus: int) -> str:
+    """Stand-ins for lscpu and nvidia-smi describing a node: its CPUs (core, socket) pairs, its GPUs."""
+    cpus = [(c * threads + t, s * cores_per_socket + c % cores_per_socket, s)
+            for s in range(sockets) for c in range(s * cores_per_socket, (s + 1) * cores_per_socket)
+            for t in range(threads)]
+    table = "\n".join(["# The following is the parsable format"] + [f"{cpu},{core},{sock}" for cpu, core, sock in cpus])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "lscpu").write_text(f"""#!/bin/bash
+table='{table}'
+case "$1" in
+  -p=SOCKET) echo "$table" | awk -F, '/^#/ {{print; next}} {{print $3}}' ;;
+  -p=CORE,SOCKET) echo "$table" | awk -F, '/^#/ {{print; next}} {{print $2 "," $3}}' ;;
+  -p=CPU) echo "$table" | awk -F, '/^#/ {{print; next}} {{print $1}}' ;;
+esac
+""")
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: x)'\n"
+                                                                for i in range(gpus)))
+    for tool in ("lscpu", "nvidia-smi"):
+        (bin_dir / tool).chmod(0o755)
+    return f"{bin_dir}:{VENV_BIN}:{os.environ['PATH']}"
+
+
+@pytest.mark.parametrize("node, allocation, ranks, mapping", [
+    ((2, 48, 2, 8), {"PBS_JOBID": "1.pbs1", "NCPUS": "192"}, "8", "ppr:4:socket:PE=12"),  # ABCI 3.0: 96 cores
+    ((2, 20, 2, 4), {}, "4", "ppr:2:socket:PE=10"),                                        # ABCI 2.0's rt_F
+    ((1, 16, 1, 0), {}, "4", "ppr:4:socket:PE=4"),                                         # one socket, no GPU
+    ((2, 48, 2, 8), {"SLURM_CPUS_ON_NODE": "48"}, "8", "ppr:4:socket:PE=3"),               # a shared node
+])
+def test_placement_comes_from_the_nodes_own_cores_never_more_than_a_socket_has(localhost, tmp_path, node, allocation,
+                                                                               ranks, mapping):
+    out = _dry_run(localhost, tmp_path, PATH=_node(tmp_path, *node), NPROC_PER_NODE=ranks, **allocation)
+    assert f"--map-by {mapping} --bind-to core" in out, out
+
+
+def test_more_ranks_than_cores_is_refused_in_one_line(localhost, tmp_path):
+    proc = run(["bash", "scripts/abci/train_abci3.sh"],
+               env=job_env(localhost, DRY_RUN="1", PATH=_node(tmp_path, 1, 4, 1, 0), NPROC_PER_NODE="8"))
+    assert "8 rank(s) per node but the job has 4 core(s) there (1 socket(s), 4 cores)" in _error(proc)
+
+
+def test_more_ranks_than_gpus_is_refused_in_one_line(localhost, tmp_path):
+    proc = run(["bash", "scripts/abci/train_abci3.sh"],
+               env=job_env(localhost, DRY_RUN="1", PATH=_node(tmp_path, 2, 48, 2, 8), NPROC_PER_NODE="16"))
+    assert "16 rank(s) per node but this node has 8 GPU(s), and each rank takes one" in _error(proc)
 
 
 def _chain_job(tmp_path, status_lines, localhost):
@@ -364,3 +310,59 @@ def test_a_chain_job_that_finds_the_run_diverged_or_its_storage_failing_stops_th
 def test_another_chains_record_does_not_stop_this_one(tmp_path, localhost):
     proc = _chain_job(tmp_path, ["status=65", "finished=0", "line=error: diverged", "chain=an-old-chain"], localhost)
     assert proc.returncode == 0 and "dry run:" in proc.stdout, proc.stdout
+
+
+def test_a_refused_input_is_recorded_and_stops_the_chains_next_job_at_once(tmp_path, localhost, mpirun):
+    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), CHAIN_ID="c1", TRAIN_ARGS="--num-items 400 --bs 51")
+    first = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert first.returncode == 2 and "refused before training" in first.stdout, first.stdout
+    status = dict(line.split("=", 1) for line in (tmp_path / "ck" / "status").read_text().splitlines())
+    assert status["status"] == "2" and status["line"].startswith("error: global_batch (--bs) 51 does not divide")
+    started = time.monotonic()
+    second = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert second.returncode == 2 and time.monotonic() - started < 5, second.stdout
+    assert "the chain stops: an earlier job ended with 2: error: global_batch (--bs) 51" in second.stdout
+    assert "ddp_abci: world size" not in second.stdout  # no mpirun
+
+
+def test_a_job_stopped_without_a_checkpoint_folder_says_its_work_is_lost(tmp_path, localhost, mpirun):
+    proc = run(["bash", "scripts/abci/train_abci3.sh", "--num-items", "400", "--stop-after", "1", "--epochs",
+                "100000"], env=job_env(localhost))
+    assert proc.returncode == 75, proc.stdout
+    assert "stopped early with no checkpoint (no CKPT_DIR): its work is lost" in proc.stdout
+    assert "resubmit with the same CKPT_DIR" not in proc.stdout
+
+
+FIT_SCRIPT = """\
+import sys
+import torch
+from ddp_abci import fit, parse_command_line
+
+config, launch, rest = parse_command_line(epochs=2, global_batch=8, lr=0.1)
+torch.manual_seed(0)
+data = torch.arange(64.0).reshape(32, 2) / 64
+model = torch.nn.Linear(2, 2)
+sys.exit(fit(model, data, lambda m, x: ((m(x) - x) ** 2).mean(), config, **launch))
+"""
+
+
+def test_your_own_fit_script_runs_in_the_job_scripts_with_checkpoints_and_resume(tmp_path, localhost, mpirun):
+    script = tmp_path / "my_train.py"
+    script.write_text(FIT_SCRIPT)
+    e = job_env(localhost, TRAIN_SCRIPT=str(script), CKPT_DIR=str(tmp_path / "ck"), TRAIN_ARGS="--max-steps 3")
+    first = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert first.returncode == 0 and "done: 3 steps" in first.stdout, first.stdout
+    assert "global batch 8" in first.stdout  # the script's own default: the seed's 256 is not imposed
+    again = run(["bash", "scripts/abci/train_abci3.sh", "--max-steps", "6"], env={**e, "TRAIN_ARGS": ""})
+    assert "resume:" in again.stdout and "step 3" in again.stdout and "done: 6 steps" in again.stdout, again.stdout
+    assert load(tmp_path / "ck" / "last.pt")["step"] == 6
+
+
+def test_eight_ranks_on_a_node_train_with_the_documented_defaults(localhost, mpirun):
+    # This machine has 2 cores, a node of ABCI 8 GPUs: the mapping is told to oversubscribe, not bind.
+    e = job_env(localhost, NPROC_PER_NODE="8", MAP_BY="ppr:8:node:OVERSUBSCRIBE", MPI_ARGS="--bind-to none",
+                OMP_NUM_THREADS="1")
+    proc = run(["bash", "scripts/abci/train_abci3.sh", "--epochs", "1", "--num-items", "2048"], env=e, timeout=180)
+    assert proc.returncode == 0, proc.stdout
+    assert "world size 8" in proc.stdout and "global batch 256 (32 per rank)" in proc.stdout
+    assert "done: 8 steps" in proc.stdout

@@ -406,7 +406,7 @@ def test_the_dataloader_bypass():
     loader.sampler.start_epoch(0)
     direct, through = iterate(loader), iterate(loader, direct=False)  # --no-direct-loader
     assert inspect.isgenerator(direct) and type(through).__name__ == "_SingleProcessDataLoaderIter"
-    assert all(torch.equal(a, b) for a, b in zip(direct, through))
+    assert all(torch.equal(a, b) for a, b in zip(direct, through, strict=True))
 
 
 def test_every_switch_is_a_flag_of_the_trainer():

@@ -41,7 +41,7 @@ def test_a_batched_fetch_equals_the_items_one_by_one():
 def test_a_batched_fetch_equals_numpys_linspace_bit_for_bit_for_any_width_and_stop(dim):
     stops = [0, 1, 2, 3, 998, 999, 1000, 12345, 999_999, 2**31 - 1, 10**12 + 7]
     rows = LinspaceDataset(dim=dim)[stops]
-    for row, stop in zip(rows, stops):
+    for row, stop in zip(rows, stops, strict=True):
         assert torch.equal(row, torch.from_numpy(np.linspace(0, stop, dim).astype(np.float32))), (dim, stop)
 
 
@@ -52,7 +52,7 @@ def test_the_trainers_batches_are_the_dataloaders_own_with_or_without_workers(wo
     expected = list(loader)
     loader.sampler.start_epoch(1, skip_batches=2)
     got = list(iterate(loader))
-    assert len(got) == len(expected) == 6 and all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert len(got) == len(expected) == 6 and all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_the_dataset_works_with_a_plain_dataloader_as_in_the_seed():

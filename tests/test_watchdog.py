@@ -71,7 +71,7 @@ def test_a_rank_that_skips_an_agreement_is_a_disagreement_named_with_both_collec
 
 
 def test_a_collective_called_on_one_rank_only_is_caught_not_a_hang(tmp_path):
-    # What an `if launch.is_main:` around _save_snapshot does to the other ranks (or, as here,
+    # What an `if launch.is_main:` around _save does to the other ranks (or, as here,
     # a rank-dependent call on rank 1): the others never join, and the watchdog says so.
     rc, out, took = finish(start("save-alone", "--ckpt-dir", str(tmp_path)), time.monotonic())
     line = the_one_line(out)

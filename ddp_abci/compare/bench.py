@@ -155,7 +155,7 @@ def format_table(report: dict) -> str:
                      f"{s['first_step_s']:.2f}", f"{s['wall_s']:.2f}", f"{s['peak_mem_mib_per_rank']:.0f}",
                      f"{s['final_loss']:.3f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for name, value in report["ratios"].items():
         lines.append(f"{name}: {value:.2f}" if value is not None else f"{name}: n/a (a side failed)")

@@ -44,7 +44,7 @@ def summarise(rounds: list[list[dict]], raw: dict) -> list[dict]:
                     "flags": [], "command": "python -m ddp_abci.train", "samples_per_s": raw.get("samples_per_s"),
                     "rounds_samples_per_s": None})
     first, last = entries[0]["samples_per_s"], entries[-1]["samples_per_s"]
-    for before, entry in zip(entries, entries[1:]):
+    for before, entry in zip(entries, entries[1:], strict=False):
         if entry["samples_per_s"] and before["samples_per_s"]:
             entry["gain_samples_per_s"] = entry["samples_per_s"] - before["samples_per_s"]
             if first and last and last != first:

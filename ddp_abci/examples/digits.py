@@ -3,6 +3,10 @@
     pip install 'ddp_abci[examples]'                 # scikit-learn: the digits ship inside its wheel
     mpirun -n 2 python -m ddp_abci.examples.digits   # last line: held-out accuracy 0.9xx
 
+It takes the trainer's flags (parse_command_line: --epochs, --bs, --ckpt-dir, --resume,
+--stop-after, ...), so the job scripts run it as TRAIN_SCRIPT=ddp_abci/examples/digits.py
+with checkpoints, the walltime's stop and chains of jobs (docs/abci.md, "your own model").
+
 1,797 8x8 images in 10 classes; 1,437 train, 360 held out (a fixed, stratified split).
 Items are (image, label) tuples, the loss is cross-entropy, and the held-out accuracy is
 the exact mean over the 360 images of a per-image 0/1, gathered across ranks with
@@ -10,14 +14,13 @@ gather_for_metrics inside the Trainer's evaluation.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ddp_abci import TrainConfig, fit
+from ddp_abci import fit, parse_command_line
 
 
 def load_digits_split(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
@@ -49,21 +52,15 @@ def correct(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddp_abci.examples.digits")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--bs", type=int, default=64, help="global batch")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--ckpt-dir", default=None)
-    p.add_argument("--resume", action="store_true")
-    args = p.parse_args(argv)
+    # This example's defaults; every one can be given on the command line (--help lists them).
+    config, launch, _ = parse_command_line(argv, epochs=30, global_batch=64, lr=3e-3, betas=(0.9, 0.999),
+                                           eval_every=30)
     train_set, test_set = load_digits_split()
     torch.manual_seed(0)
     # The default optimizer is Adam with config.lr and config.betas; pass optimizer=... for another.
-    config = TrainConfig(epochs=args.epochs, global_batch=args.bs, lr=args.lr, betas=(0.9, 0.999),
-                         eval_every=args.epochs, ckpt_dir=args.ckpt_dir, resume=args.resume)
     final: dict = {}
     status = fit(classifier(), train_set, cross_entropy, config, eval_set=test_set, metrics={"accuracy": correct},
-                 on_eval=final.update)
+                 on_eval=final.update, **launch)
     if final:  # on_eval runs on rank 0 only
         print(f"held-out accuracy {final['accuracy']:.3f}", flush=True)
     return status

@@ -212,7 +212,7 @@ class Watchdog:
 
     def _read(self, keys: list[str], values: list[bytes]) -> None:
         now = time.monotonic()
-        for key, raw in zip(keys, values):
+        for key, raw in zip(keys, values, strict=True):
             rank, beat = int(key.rsplit("/", 1)[1]), json.loads(raw)
             previous = self.seen.get(rank)
             if previous is None or previous.beat["seq"] != beat["seq"]:

@@ -5,6 +5,8 @@
 #
 # Settings (environment variables):
 #   CONTAINER       .sif image, or "none" to run on the host's Python (default $REPO/ddp_abci.sif)
+#   TRAIN_SCRIPT    your own training script (a fit() script: docs/abci.md, "your own model"), run
+#                   on every rank instead of python -m ddp_abci.train, with the same arguments
 #   NPROC_PER_NODE  ranks per node (default: one per GPU, else 2 on a CPU-only host)
 #   PYTHON          Python to run (default python3; the image's python3 with a container)
 #   MPIRUN          mpirun to use (default mpirun: the host's, e.g. HPC-X on ABCI)
@@ -18,6 +20,9 @@
 #   STOP_MARGIN_S   kept free before the walltime for start-up and the last save (default 120 s,
 #                   a quarter of what is left for walltimes under 8 minutes)
 #   MAP_BY          Open MPI's --map-by (default: ranks shared out per socket, PE cores each, bound)
+#   SOCKETS_PER_NODE, CORES_PER_NODE  the node's sockets and physical cores (default: lscpu's)
+#   DOCTOR          1: python -m ddp_abci.doctor checks the allocation before training; a problem
+#                   stops the job (exit 1) with its lines
 #   DDP_ABCI_ENV    a file of settings written by submit.sh (values may hold commas), sourced first
 #   CHAIN_ID        set by submit.sh -c: this job is one of a chain (see chain_verdict)
 
@@ -75,14 +80,31 @@ ranks_per_node() {
     if [ "$gpus" -gt 0 ]; then echo "$gpus"; else echo 2; fi
 }
 
-# The cores this job may use on a node: the scheduler's allocation where it says (Slurm
-# SLURM_CPUS_ON_NODE, PBS NCPUS), else the hardware's. Threads from the hardware oversubscribe
-# wherever nodes are shared between jobs (measured: docs/abci.md).
-cores_on_this_node() {
-    if [ -n "${CORES_PER_NODE:-}" ]; then echo "$CORES_PER_NODE"; return; fi
-    if [ -n "${SLURM_CPUS_ON_NODE:-}" ]; then echo "$SLURM_CPUS_ON_NODE"; return; fi
-    if [ -n "${PBS_JOBID:-}" ] && [ -n "${NCPUS:-}" ]; then echo "$NCPUS"; return; fi
-    lscpu -p=CORE 2>/dev/null | grep -v '^#' | sort -u | wc -l
+# The node's sockets and physical cores, from the node itself (lscpu), or SOCKETS_PER_NODE and
+# CORES_PER_NODE. A scheduler counts hardware threads: ABCI 3.0's 2 x 48-core Xeon 8558 shows
+# 192 CPUs for 96 cores, and mapping by its count asks a 48-core socket for 96.
+node_topology() {
+    local pairs
+    SOCKETS=${SOCKETS_PER_NODE:-$(lscpu -p=SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l)}
+    CORES=${CORES_PER_NODE:-$(lscpu -p=CORE,SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l)}
+    pairs=$(lscpu -p=CPU 2>/dev/null | grep -vc '^#' || true)  # hardware threads, for the allocation below
+    [ "$SOCKETS" -ge 1 ] 2>/dev/null || SOCKETS=1
+    [ "$CORES" -ge 1 ] 2>/dev/null || CORES=$(nproc)
+    THREADS_PER_CORE=$(( ${pairs:-0} > CORES ? pairs / CORES : 1 ))
+}
+
+# The physical cores this job may use on a node: all of them, or fewer where the scheduler
+# allocated fewer CPUs (Slurm SLURM_CPUS_ON_NODE, PBS NCPUS: hardware threads, so divided by the
+# node's threads a core). Threads from the whole node oversubscribe where nodes are shared.
+cores_of_this_job() {
+    local cpus=""
+    if [ -n "${SLURM_CPUS_ON_NODE:-}" ]; then cpus=$SLURM_CPUS_ON_NODE
+    elif [ -n "${PBS_JOBID:-}" ] && [ -n "${NCPUS:-}" ]; then cpus=$NCPUS; fi
+    if [ -n "$cpus" ] && [ -z "${CORES_PER_NODE:-}" ] && [ $(( cpus / THREADS_PER_CORE )) -lt "$CORES" ]; then
+        echo $(( cpus / THREADS_PER_CORE ))
+    else
+        echo "$CORES"
+    fi
 }
 
 # Every setting checked before anything loads or starts: one line names what is wrong.
@@ -92,13 +114,17 @@ check_settings() {
     read_nodes
     PER_NODE=$(ranks_per_node) || exit 2
     gpus=$(gpus_on_this_node)
-    if [ "$gpus" -gt 0 ] && [ "$gpus" != "$PER_NODE" ]; then
+    if [ "$gpus" -gt 0 ] && [ "$PER_NODE" -gt "$gpus" ]; then
+        die "$PER_NODE rank(s) per node but this node has $gpus GPU(s), and each rank takes one: ask for at most" \
+            "$gpus (submit.sh -p, NPROC_PER_NODE, sbatch --ntasks-per-node)"
+    elif [ "$gpus" -gt "$PER_NODE" ]; then
         echo "$(basename "$0"): $gpus GPUs on this node and $PER_NODE rank(s) per node; each rank takes one GPU:" \
-            "ask for one task per GPU (sbatch --ntasks-per-gpu=1, NPROC_PER_NODE) to use them all" >&2
+            "ask for one rank per GPU (submit.sh -p $gpus, NPROC_PER_NODE) to use them all" >&2
     fi
     if [ "${CONTAINER}" != none ] && [ ! -r "$CONTAINER" ]; then
         die "container image $CONTAINER not found: build it (scripts/container/) or set CONTAINER=none"
     fi
+    placement
 }
 
 # The command each rank runs: python directly, or through `singularity exec` in the image.
@@ -143,20 +169,39 @@ load_modules() {  # MODULES: space-separated; skipped where the module system is
     fi
 }
 
-# TRAIN: the trainer and its arguments from the settings (IFNAME, CKPT_DIR, TRAIN_ARGS),
-# the same under mpirun and srun.
+# TRAIN: the trainer (or TRAIN_SCRIPT) and its arguments from the settings (IFNAME, CKPT_DIR,
+# TRAIN_ARGS, the job's own arguments), the same under mpirun and srun. The seed's job gets
+# --bs DEFAULT_BS unless the arguments give one: the trainer's own 50 divides by no 8-rank node.
 trainer_args() {
-    TRAIN=(-m ddp_abci.train)
+    local args=()
+    # shellcheck disable=SC2206
+    args=(${TRAIN_ARGS:-} "$@")
+    if [ -n "${TRAIN_SCRIPT:-}" ]; then
+        [ -r "$TRAIN_SCRIPT" ] || die "TRAIN_SCRIPT=$TRAIN_SCRIPT cannot be read: give the path of your fit() script"
+        TRAIN=("$TRAIN_SCRIPT")
+    else
+        TRAIN=(-m ddp_abci.train)
+        [[ " ${args[*]+"${args[*]}"} " == *" --bs"* ]] || TRAIN+=(--bs "$DEFAULT_BS")
+    fi
     [ -n "${IFNAME:-}" ] && TRAIN+=(--interface "$IFNAME")
     [ -n "${CKPT_DIR:-}" ] && TRAIN+=(--ckpt-dir "$CKPT_DIR" --resume)
-    # shellcheck disable=SC2206
-    TRAIN+=(${TRAIN_ARGS:-})
+    TRAIN+=("${args[@]+"${args[@]}"}")
     deadline_args
 }
 
-# "1-02:03:04", "02:03:04", "03:04" or "3600" as seconds.
+# A walltime in seconds: "12:00:00", "1-00:00:00", "12h", "90m", "45s", "2d" (what users type),
+# or, from the schedulers themselves, "MM:SS" (squeue's %L) and plain seconds (qstat -j).
 to_seconds() {
     local t=$1 days=0 h=0 m=0 s=0
+    case "$t" in
+        *[0-9][dhms])
+            [[ "$t" =~ ^[0-9]+[dhms]$ ]] || die "walltime $t: use HH:MM:SS, D-HH:MM:SS, or a number with d, h, m or s (12h, 90m)"
+            local n=$(( 10#${t%?} ))
+            case "${t: -1}" in d) echo $(( n * 86400 )) ;; h) echo $(( n * 3600 )) ;; m) echo $(( n * 60 )) ;; s) echo "$n" ;; esac
+            return ;;
+    esac
+    [[ "$t" =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}(\.[0-9]+)?$ ]] ||
+        die "walltime $t: use HH:MM:SS, D-HH:MM:SS, or a number with d, h, m or s (12h, 90m)"
     if [[ "$t" == *-* ]]; then days=${t%%-*}; t=${t#*-}; fi
     IFS=: read -r -a parts <<<"$t"
     case ${#parts[@]} in
@@ -165,6 +210,36 @@ to_seconds() {
         *) s=${parts[0]} ;;
     esac
     echo $(( 10#$days * 86400 + 10#$h * 3600 + 10#$m * 60 + 10#${s%%.*} ))
+}
+
+# Seconds as HH:MM:SS (hours past 24 stay hours: PBS and Grid Engine take 72:00:00).
+hms() {
+    printf '%02d:%02d:%02d' $(( $1 / 3600 )) $(( $1 % 3600 / 60 )) $(( $1 % 60 ))
+}
+
+# Seconds as Slurm's -t: D-HH:MM:SS past a day, else HH:MM:SS.
+slurm_time() {
+    if [ "$1" -ge 86400 ]; then
+        printf '%d-%s' $(( $1 / 86400 )) "$(hms $(( $1 % 86400 )))"
+    else
+        hms "$1"
+    fi
+}
+
+# The global batch the trainer will use: --bs N (or --bs=N) among the arguments, else the job
+# scripts' default, DEFAULT_BS (256, the seed's job script's: it divides by 8, 16, 32, ... ranks).
+DEFAULT_BS=256
+batch_of() {
+    local bs=$DEFAULT_BS
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --bs) bs=${2:-}; shift ;;
+            --bs=*) bs=${1#--bs=} ;;
+        esac
+        shift
+    done
+    [[ "$bs" =~ ^[1-9][0-9]*$ ]] || die "--bs $bs is not a positive number"
+    echo "$bs"
 }
 
 # Seconds left before the scheduler ends the job, from the scheduler itself; empty if unknown.
@@ -216,22 +291,28 @@ deadline_args() {
 
 # MAP: where ranks go. One rank per GPU, shared out over the sockets (ranks 0-3 and 4-7 of
 # an 8-GPU node, whose GPUs hang off sockets 0 and 1: check with nvidia-smi topo -m), each
-# bound to PE cores of its own socket and running that many threads (OMP_NUM_THREADS).
-# Without binding, Open MPI 4.1 binds each rank to a whole socket whichever its GPU.
+# bound to PE physical cores of its own socket and running that many threads (OMP_NUM_THREADS).
+# Without binding, Open MPI 4.1 binds each rank to a whole socket whichever its GPU. A mapping
+# Open MPI would refuse (more cores a socket than it has) is never asked for.
 placement() {
     if [ -n "${MAP_BY:-}" ]; then
         MAP=(--map-by "$MAP_BY")
         return
     fi
-    local sockets cores per_socket pe
-    sockets=${SOCKETS_PER_NODE:-$(lscpu -p=SOCKET 2>/dev/null | grep -v '^#' | sort -u | wc -l)}
-    cores=$(cores_on_this_node)
-    [ "$sockets" -ge 1 ] || sockets=1
-    if [ $(( PER_NODE % sockets )) -ne 0 ]; then sockets=1; fi
-    per_socket=$(( PER_NODE / sockets ))
-    pe=$(( cores / PER_NODE ))
-    [ "$pe" -ge 1 ] || pe=1
-    MAP=(--map-by "ppr:${per_socket}:socket:PE=${pe}" --bind-to core)
+    node_topology
+    local cores per_socket pe unit=socket count
+    cores=$(cores_of_this_job)
+    if [ $(( PER_NODE % SOCKETS )) -eq 0 ]; then
+        per_socket=$(( PER_NODE / SOCKETS ))
+        pe=$(( CORES / SOCKETS / per_socket ))
+        count=$per_socket
+    else
+        unit=node count=$PER_NODE pe=$(( CORES / PER_NODE ))
+    fi
+    [ $(( cores / PER_NODE )) -lt "$pe" ] && pe=$(( cores / PER_NODE ))
+    [ "$pe" -ge 1 ] || die "$PER_NODE rank(s) per node but the job has $cores core(s) there ($SOCKETS socket(s)," \
+        "$CORES cores): ask for fewer ranks (-p, NPROC_PER_NODE) or set MAP_BY"
+    MAP=(--map-by "ppr:${count}:${unit}:PE=${pe}" --bind-to core)
     [ -n "${OMP_NUM_THREADS:-}" ] || export OMP_NUM_THREADS=$pe
 }
 
@@ -250,14 +331,22 @@ forward_env() {
     done < <(compgen -e | grep -E '^(NCCL_.*|TORCH_.*|OMP_NUM_THREADS|PYTHONNOUSERSITE)$' | sort)
 }
 
-# What the job's exit status means for the next step (errors.py has the list).
+# What the job's exit status means for the next step (docs/abci.md, "when a job fails").
 explain_exit() {
     case "$1" in
-        75) echo "job $JOB_NUM: stopped early with a checkpoint; resubmit with the same CKPT_DIR to continue" ;;
+        75) if [ -n "${CKPT_DIR:-}" ]; then
+                echo "job $JOB_NUM: stopped early with a checkpoint; resubmit with the same CKPT_DIR to continue" \
+                    "(Open MPI's 'exited with non-zero status' block above is this exit 75: expected)"
+            else
+                echo "job $JOB_NUM: stopped early with no checkpoint (no CKPT_DIR): its work is lost; set CKPT_DIR" \
+                    "to carry a run from job to job"
+            fi ;;
         65) echo "job $JOB_NUM: diverged; the last good checkpoint is kept; do not resubmit as is: lower --lr or add --clip-norm" ;;
         69) echo "job $JOB_NUM: a rank stopped answering (named above, with its host); the last checkpoint is intact: resubmit with the same CKPT_DIR, and check that host" ;;
         74) echo "job $JOB_NUM: a checkpoint could not be written (disk full, quota, folder); free space, then resubmit" ;;
         2) echo "job $JOB_NUM: refused before training (bad setting, named above); fix it, then resubmit" ;;
+        1) echo "job $JOB_NUM: failed unexpectedly (the traceback above: CUDA out of memory, an NCCL error, a bug);" \
+               "the last checkpoint is intact; resubmit once for a passing fault, fix the cause if it repeats" ;;
     esac
 }
 
@@ -268,7 +357,9 @@ status_field() {
 
 # The run's exit status, from mpirun's and the run's record. mpirun's is not always the run's:
 # cut off from a host, Open MPI 5's mpirun exited 0 (measured: docs/reliability.md). So a
-# status the run recorded during this job wins, and without one a 0 is not believed.
+# status the run recorded during this job wins, and without one a 0 is not believed. A refusal
+# (2) and an unexpected failure (1) record nothing themselves: the job records them, with the
+# run's last error line, so that a chain stops on a refusal and on a failure that repeats.
 reconciled_status() {
     local rc=$1 started=$2 recorded
     [ -n "${CKPT_DIR:-}" ] || { echo "$rc"; return; }
@@ -283,14 +374,32 @@ reconciled_status() {
             "launcher was lost; treated as 69" >&2
         echo 69
     else
+        if [ "$rc" = 2 ] || [ "$rc" = 1 ]; then
+            record_status "$rc" "$(grep '^error:' "$OUTPUT" 2>/dev/null | tail -n 1)"
+        fi
         echo "$rc"
     fi
 }
 
+# record_status STATUS LINE: the job's own record in CKPT_DIR/status, as the run writes it
+# (checkpoint.write_status), atomically; `failures` counts exits 1 in a row within the chain.
+record_status() {
+    local tmp failures=0
+    mkdir -p "$CKPT_DIR" 2>/dev/null || return 0
+    if [ "$1" = 1 ] && [ -f "$CKPT_DIR/status" ] && [ "$(status_field status)" = 1 ]; then
+        failures=$(status_field failures)
+    fi
+    tmp=$(mktemp "$CKPT_DIR/.status.XXXXXX.tmp") || return 0
+    printf 'status=%s\nfinished=0\nstep=%s\nrank=-\nhost=%s\nunix=%s\nline=%s\nfailures=%s\n' "$1" \
+        "$(status_field step)" "$(hostname)" "$(date +%s)" "${2:-exit $1}" "$(( ${failures:-0} + ($1 == 1) ))" \
+        >"$tmp" && mv "$tmp" "$CKPT_DIR/status"
+}
+
 # A job of a chain (submit.sh -c) first reads what the jobs before it recorded in
 # CKPT_DIR/status: a finished run needs nothing more (exit 0 at once); a diverged one (65), a
-# failing storage (74) or a refused input (2) will not mend by itself, so the chain stops there
-# (this job, and each after it, exits at once with that status, saying why). 69 and 75 resume.
+# failing storage (74), a refused input (2) or an unexpected failure twice in a row (1) will not
+# mend by itself, so the chain stops there (this job, and each after it, exits at once with that
+# status, saying why). 69, 75 and a first 1 resume.
 chain_verdict() {
     [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && [ -f "$CKPT_DIR/status" ] || return 0
     [ "$(status_field chain)" = "$CHAIN_ID" ] || return 0
@@ -304,6 +413,11 @@ chain_verdict() {
         65 | 74 | 2)
             echo "job $JOB_NUM: the chain stops: an earlier job ended with $status: $(status_field line)" >&2
             exit "$status" ;;
+        1)
+            if [ "$(status_field failures)" -ge 2 ] 2>/dev/null; then
+                echo "job $JOB_NUM: the chain stops: two jobs in a row failed unexpectedly (exit 1): $(status_field line)" >&2
+                exit 1
+            fi ;;
     esac
 }
 
@@ -337,20 +451,57 @@ run_stoppable() {
     return "$rc"
 }
 
-# Start mpirun and wait (run_stoppable), then say what its exit status means.
+# Leave the hosts the run found straggling (CKPT_DIR/slow_hosts.json) out of the chain's next
+# job, where the scheduler can: Slurm's pending job takes an ExcNodeList (scontrol update). PBS
+# Professional and Grid Engine offer no exclusion a pending job can be given without replacing
+# its whole resource request (qalter -l): there the hosts are named for the user to act on.
+exclude_slow_hosts() {
+    local hosts next
+    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && [ -f "$CKPT_DIR/slow_hosts.json" ] || return 0
+    hosts=$(grep -o '"hosts": \[[^]]*\]' "$CKPT_DIR/slow_hosts.json" | grep -o '"[^"]*"' | tr -d '"' |
+        grep -v '^hosts$' | paste -sd, -)
+    [ -n "$hosts" ] || return 0
+    next=$(grep -A1 -x "${SLURM_JOB_ID:-none}" "${SUBMIT_DIR:-$REPO/.submit}/$CHAIN_ID.jobs" 2>/dev/null | tail -n +2)
+    if [ -n "${SLURM_JOB_ID:-}" ] && [ -n "$next" ] && command -v scontrol >/dev/null 2>&1; then
+        scontrol update "JobId=$next" "ExcNodeList=$hosts" &&
+            echo "job $JOB_NUM: the chain's next job ($next) leaves out the hosts that straggled: $hosts"
+    else
+        echo "job $JOB_NUM: these hosts straggled (CKPT_DIR/slow_hosts.json): $hosts; this scheduler's queued" \
+            "jobs cannot be told to avoid them: tell your site's support if it repeats" >&2
+    fi
+}
+
+# DOCTOR=1 (or the first job of a chain submitted with --doctor): the allocation checked before
+# training, by the same mpirun; a problem stops the job with exit 1 and its lines.
+run_doctor() {
+    [ "${DOCTOR:-}" = 1 ] || { [ -n "${DOCTOR_FIRST:-}" ] && ! [ -f "${CKPT_DIR:-/nonexistent}/status" ]; } ||
+        return 0
+    local cmd=("${MPIRUN:-mpirun}" -np "$1" --hostfile "$HOSTFILE" --stdin none "${MAP[@]}" "${FORWARD[@]}"
+        "${EXTRA_MPI[@]+"${EXTRA_MPI[@]}"}" "${RANK_CMD[@]}" -m ddp_abci.doctor ${CKPT_DIR:+--ckpt-dir "$CKPT_DIR"})
+    echo "job $JOB_NUM: the doctor checks the allocation first (DOCTOR=1)"
+    if [ "${DRY_RUN:-0}" = 1 ]; then
+        echo "dry run: $(printf '%q ' "${cmd[@]}")"
+        return 0
+    fi
+    "${cmd[@]}" || { echo "job $JOB_NUM: the doctor found the problems above: not training on this allocation" >&2
+        rm -f "$HOSTFILE"; exit 1; }
+}
+
+# Start mpirun and wait (run_stoppable), then say what its exit status means. Its output also
+# goes to a file, where the run's last error line is found for the record (reconciled_status).
 launch_training() {
     local per_node=$PER_NODE np=$(( ${#NODES[@]} * PER_NODE ))
     rank_command
     write_hostfile "$per_node"
-    trainer_args
-    placement
+    trainer_args "$@"
     forward_env
     # shellcheck disable=SC2206
-    local extra_mpi=(${MPI_ARGS:-})
+    EXTRA_MPI=(${MPI_ARGS:-})
     local cmd=("${MPIRUN:-mpirun}" -np "$np" --hostfile "$HOSTFILE" --stdin none "${MAP[@]}"
-        "${FORWARD[@]}" "${extra_mpi[@]}" "${RANK_CMD[@]}" "${TRAIN[@]}" "$@")
+        "${FORWARD[@]}" "${EXTRA_MPI[@]+"${EXTRA_MPI[@]}"}" "${RANK_CMD[@]}" "${TRAIN[@]}")
     echo "job $JOB_NUM: ${#NODES[@]} node(s) x $per_node rank(s) = $np, container ${CONTAINER}," \
         "${OMP_NUM_THREADS:-?} thread(s) per rank"
+    run_doctor "$np"
     if [ "${DRY_RUN:-0}" = 1 ]; then
         echo "dry run: $(printf '%q ' "${cmd[@]}")"
         rm -f "$HOSTFILE"
@@ -358,10 +509,15 @@ launch_training() {
     fi
     local rc=0 started
     started=$(date +%s)
-    run_stoppable "${cmd[@]}" || rc=$?
+    OUTPUT=$(mktemp "${TMPDIR:-/tmp}/ddp_abci_output.XXXXXX")
+    # The copy ignores Ctrl-C and SIGTERM: were it to die, mpirun's output would have nowhere to go.
+    run_stoppable "${cmd[@]}" > >(trap '' INT TERM; exec tee "$OUTPUT") 2>&1 || rc=$?
+    wait $! 2>/dev/null || true
     rm -f "$HOSTFILE"
     rc=$(reconciled_status "$rc" "$started")
+    rm -f "$OUTPUT"
     stamp_chain "$started"
+    exclude_slow_hosts
     explain_exit "$rc"
     return "$rc"
 }
