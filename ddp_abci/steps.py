@@ -128,7 +128,7 @@ def backward_phase(watchdog: Any, syncing: bool, gradients: Any) -> contextlib.A
     """What the watchdog sees during backward: a path that marks its own waits (the MPI
     hook) does so; through gloo or NCCL the syncing backward holds the all-reduce, timed."""
     if syncing and not gradients.marks_its_waits:
-        return watchdog.waiting("backward with the gradient all-reduce")
+        return watchdog.waiting("backward with the gradient all-reduce", gradients.ready_at)
     return watchdog.working("backward")
 
 

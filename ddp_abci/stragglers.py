@@ -9,8 +9,13 @@ Rank 0 scores each rank every report interval (--log-every):
     relative    the fastest rank's median over this rank's        (a rank slower than its peers)
     individual  this rank's best interval median over its current (a rank slower than it was)
 
-and a rank whose score is below --straggler-threshold (0.75, as NVIDIA's default) is named in
-one line when it starts straggling and again when it recovers. The hosts that straggled go
+and a rank whose relative score is below --straggler-threshold (0.75, as NVIDIA's default) is
+named in one line when it starts straggling and again when it recovers. The individual score
+is reported beside it, and kept in the summary and the logs, but names no one by itself: a
+busy machine slows every rank alike, and then no rank is slower than its peers.
+
+On GPUs the clock is the host's: the NCCL waits happen on the device, so there the scores
+follow the host's pace (not run here: no GPU was lent). The hosts that straggled go
 to CKPT_DIR/slow_hosts.json, which submit.sh's next job of a chain leaves out (Slurm).
 """
 from __future__ import annotations
@@ -57,7 +62,8 @@ class StragglerWatch:
         self.best = [0] * len(hosts)
         self.straggling: set[int] = set()
         self.slow: dict[str, float] = {}                     # host -> its worst score
-        self.scores = [1.0] * len(hosts)
+        self.scores = [1.0] * len(hosts)       # relative: the fastest rank's median over this rank's
+        self.individual = [1.0] * len(hosts)   # this rank's best interval median over its current
         self.last = time.monotonic()
 
     def observe(self, compute_us: tuple[int, ...]) -> list[str]:
@@ -81,7 +87,8 @@ class StragglerWatch:
             self.medians[rank].append(us)
             self.best[rank] = min(self.best[rank] or us, us)
             relative, individual = fastest / us, self.best[rank] / us
-            self.scores[rank] = score = min(relative, individual)
+            self.scores[rank], self.individual[rank] = relative, individual
+            score = relative
             if score < self.threshold and rank not in self.straggling:
                 self.straggling.add(rank)
                 self.slow[self.hosts[rank]] = min(score, self.slow.get(self.hosts[rank], 1.0))
@@ -98,9 +105,9 @@ class StragglerWatch:
     def _write(self) -> None:
         if self.file is None:
             return
-        try:
+        try:  # one line: the job scripts read "hosts" with grep
             self.file.write_text(json.dumps({"hosts": sorted(self.slow), "worst_score": self.slow,
-                                             "threshold": self.threshold}, indent=1) + "\n")
+                                             "threshold": self.threshold}) + "\n")
         except OSError:
             pass  # a report, not the run: the checkpoint folder's own failures are said at the next save
 
@@ -108,8 +115,10 @@ class StragglerWatch:
         """Each rank's median step compute over the run and its last score (the summary JSON)."""
         return [{"rank": rank, "host": host, "median_step_compute_ms":
                  statistics.median(self.medians[rank]) / 1e3 if self.medians[rank] else None,
-                 "score": round(self.scores[rank], 4)} for rank, host in enumerate(self.hosts)]
+                 "score": round(self.scores[rank], 4), "individual_score": round(self.individual[rank], 4)}
+                for rank, host in enumerate(self.hosts)]
 
     def tracked(self) -> dict[str, float]:
         """The scores for the metrics log and TensorBoard."""
-        return {f"straggler/score_rank{rank}": score for rank, score in enumerate(self.scores)}
+        return {**{f"straggler/score_rank{rank}": score for rank, score in enumerate(self.scores)},
+                **{f"straggler/individual_rank{rank}": score for rank, score in enumerate(self.individual)}}

@@ -68,7 +68,9 @@ class Trainer:
         self.eval_metrics = dict(metrics) if metrics is not None else default_metrics(self.loss_fn)
         self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
         self.pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
-        self.watchdog = Watchdog(launch, config.timeout_s, record=self._record).start()
+        self.watchdog = Watchdog(launch, config.timeout_s, record=self._record, report_dir=config.ckpt_dir).start()
+        if config.ckpt_dir:
+            self.watchdog.checkpoint = f"no checkpoint written yet in {config.ckpt_dir}"
         self.checkpoints = CheckpointManager(config.ckpt_dir, launch, self.watchdog, keep=config.keep,
                                              background=config.async_save, header=self._header)
         self.tally, self.steps_left, self.save_due = EpochTally(device), None, False  # steps_left: a stream's end
@@ -222,8 +224,10 @@ class Trainer:
         try:
             return call(*args)
         except Exception as e:
+            if timed_out(e):  # the user's own collective outlived --timeout: the watchdog's verdict
+                self.watchdog.collective_timed_out(e)
             if timed_out(e) or peer_lost(e):
-                raise  # a collective's timeout, another rank's end: not this batch's fault
+                raise  # another rank's end: not this batch's fault
             raise step_failure(self._here(), what, e, self.step, batch_len(batch), bool(self.config.ckpt_dir)) from None
 
     def _here(self) -> str:

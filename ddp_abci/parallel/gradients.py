@@ -3,13 +3,15 @@ communication hook, or none), and how the trainer's small control all-reduce goe
 way. plan.resolve_comm chooses the path by name; the loop only asks the object.
 
     nccl   GPUs: DDP's own all-reduce over NCCL
-    gloo   the CPU without MPI: DDP's own all-reduce over gloo
+    gloo   the CPU without MPI: torch's allreduce hook over gloo, timed
     mpi    the CPU under mpirun with mpi4py: each bucket through MPI (mpi_hook.py)
 """
-from __future__ import annotations
+# No `from __future__ import annotations` here: DDP checks a hook's annotations as objects.
+import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .mpi_hook import mpi_max_vector, register_mpi_hook
 
@@ -27,6 +29,10 @@ class GradientPath:
     def register(self, ddp: torch.nn.Module, watchdog: object = None) -> None:
         """Give DDP this path's hook (nothing: DDP's own all-reduce)."""
 
+    def ready_at(self) -> float:
+        """When the last gradient bucket of the latest backward was ready (0: not known)."""
+        return 0.0
+
     def max_vector(self, values: list[int], device: torch.device) -> list[int]:
         """Element-wise MAX of a few ints over all ranks (the stop agreement)."""
         flags = torch.tensor(values, dtype=torch.int64, device=device)
@@ -35,6 +41,28 @@ class GradientPath:
 
     def __repr__(self) -> str:
         return f"GradientPath({self.name!r})"
+
+
+class GlooGradients(GradientPath):
+    """DDP's all-reduce over gloo, through torch's own allreduce hook (the same division and
+    sum as DDP's built-in one), which notes when the last bucket became ready: backward's
+    compute ends there, and the rest of backward is the wait for the all-reduce (the straggler
+    clock counts only the compute)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.last_ready = 0.0
+
+    def register(self, ddp: torch.nn.Module, watchdog: object = None) -> None:
+        ddp.register_comm_hook(self, timed_allreduce_hook)
+
+    def ready_at(self) -> float:
+        return self.last_ready
+
+
+def timed_allreduce_hook(state: GlooGradients, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    state.last_ready = time.monotonic()
+    return default_hooks.allreduce_hook(None, bucket)
 
 
 class MPIGradients(GradientPath):
@@ -50,6 +78,6 @@ class MPIGradients(GradientPath):
         return mpi_max_vector(values)
 
 
-def gradient_path(name: str) -> GradientPath:
+def gradient_path(name: str) -> "GradientPath":
     """The path object for resolve_comm's choice."""
-    return MPIGradients(name) if name == "mpi" else GradientPath(name)
+    return {"mpi": MPIGradients, "gloo": GlooGradients}.get(name, GradientPath)(name)

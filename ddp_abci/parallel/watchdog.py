@@ -18,6 +18,13 @@ mpirun waiting: neither ends a job by itself. So each rank runs two small thread
 Reading the heartbeats: a rank whose heartbeat stopped changing stopped answering (frozen,
 unreachable); ranks that are all alive yet never meet disagree about the collectives (the
 deadlock of rank-dependent code); a rank alive but working names what it works on.
+
+Where each waits: the rank that decides first claims the verdict in the store (one line per
+job, whichever rank's timer fired first), then asks every rank through it to write its
+threads' stacks (CKPT_DIR/hang-STEP/rank-R.txt) and say where its main thread is; the
+heartbeat threads answer within a beat, and the line names each live rank's place
+(hang_report.py). A collective that times out inside the user's code (gloo's own timeout)
+is the same verdict.
 """
 from __future__ import annotations
 
@@ -35,6 +42,9 @@ from .launch import Launch
 
 EXIT_RANK_LOST = 69  # EX_UNAVAILABLE: a rank stopped answering; resubmit with --resume, check the named host
 KEY = "ddp_abci/heartbeat/{}"
+VERDICT_KEY = "ddp_abci/verdict"        # add()ed by each rank about to speak: the first (1) speaks
+REPORT_KEY = "ddp_abci/hang"            # the speaker's step: every rank writes its stacks and where
+WHERE_KEY = "ddp_abci/where/{}"
 
 
 def collective(what: str) -> Callable:
@@ -66,10 +76,11 @@ def end_job(launch: Launch, status: int) -> None:
 class _Phase:
     """`with watchdog.waiting(name):` / `working(name)`: one entry of the main thread's stack."""
 
-    __slots__ = ("watchdog", "entry")
+    __slots__ = ("watchdog", "entry", "waits_from")
 
-    def __init__(self, watchdog: "Watchdog", name: str, collective: bool) -> None:
-        self.watchdog, self.entry = watchdog, (name, collective, 0.0)
+    def __init__(self, watchdog: "Watchdog", name: str, collective: bool,
+                 waits_from: Callable[[], float] | None = None) -> None:
+        self.watchdog, self.entry, self.waits_from = watchdog, (name, collective, 0.0), waits_from
 
     def __enter__(self) -> None:
         name, collective, _ = self.entry
@@ -77,8 +88,9 @@ class _Phase:
 
     def __exit__(self, kind, error, tb) -> None:
         entry = self.watchdog.stack.pop()
-        if entry[1]:
-            self.watchdog.waited_s += time.monotonic() - entry[2]
+        if entry[1]:  # the wait: the whole phase, or from when its own work ended (waits_from())
+            began = max(entry[2], self.waits_from()) if self.waits_from is not None else entry[2]
+            self.watchdog.waited_s += time.monotonic() - began
         # gloo's own timeout (the process group's, the same --timeout) may fire before the
         # watch thread looks: the same diagnosis, not a traceback.
         if error is not None and entry[1] and timed_out(error):
@@ -101,10 +113,12 @@ class Watchdog:
     """One per rank, started after the process group opens, stopped before it closes."""
 
     def __init__(self, launch: Launch, timeout_s: float, *, end: Callable[[int], None] | None = None,
-                 record: Callable[[int, str], None] | None = None) -> None:
+                 record: Callable[[int, str], None] | None = None, report_dir: str | None = None) -> None:
         """end(status) ends the job (end_job by default); record(status, line) keeps the
-        verdict where the job script finds it, before the job ends (the Trainer's DIR/status)."""
-        self.launch, self.timeout_s, self.record = launch, timeout_s, record
+        verdict where the job script finds it, before the job ends (the Trainer's DIR/status);
+        report_dir: where the stacks go at a verdict (hang-STEP/ in it; stderr without)."""
+        self.launch, self.timeout_s, self.record, self.report_dir = launch, timeout_s, record, report_dir
+        self.main_thread = threading.get_ident()  # made on the main thread, whose place is reported
         self.end = end or (lambda status: end_job(launch, status))
         self.step = 0
         self.waited_s = 0.0  # seconds spent in collectives so far (the straggler clock leaves them out)
@@ -122,12 +136,19 @@ class Watchdog:
         self._stop = threading.Event()
         self._ending = threading.Lock()
         self._threads: list[threading.Thread] = []
+        # The verdict's errands for the heartbeat thread, which alone talks to the store.
+        self._wake, self._errand = threading.Event(), None
+        self._errand_done = threading.Event()
+        self.reported, self.store_ready = False, False
+        self.own_place: str | None = None  # where this rank waits, when known better than its main thread's frame
+        self.own_error: BaseException | None = None  # the timeout its own collective raised
 
     # -- the main thread's side ------------------------------------------------------
 
-    def waiting(self, name: str) -> _Phase:
-        """Around a collective: timed against --timeout."""
-        return _Phase(self, name, True)
+    def waiting(self, name: str, waits_from: Callable[[], float] | None = None) -> _Phase:
+        """Around a collective: timed against --timeout. waits_from() tells, at its end, when
+        the phase's own work ended and the wait began (gloo's backward: its last bucket ready)."""
+        return _Phase(self, name, True, waits_from)
 
     def working(self, name: str) -> _Phase:
         """Around local work (loss_fn, a checkpoint write): shown to the others, not timed."""
@@ -156,6 +177,7 @@ class Watchdog:
         """Before the process group closes. A heartbeat thread stuck in a store call (its
         server gone) is a daemon: it is left, and dies with the process."""
         self._stop.set()
+        self._wake.set()
         for thread in self._threads:
             thread.join(timeout=self.interval + 1)
         self._threads.clear()
@@ -185,7 +207,7 @@ class Watchdog:
         except Exception as e:  # no store to reach: the watch thread still ends a hung job
             self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
             return
-        seq, keys = 0, [KEY.format(r) for r in range(self.launch.world_size)]
+        seq, keys, self.store_ready = 0, [KEY.format(r) for r in range(self.launch.world_size)], True
         while not self._stop.is_set():
             seq += 1
             name, collective, since = self.stack[-1]
@@ -197,11 +219,57 @@ class Watchdog:
                     # get() waits for a key that does not exist yet: ask only for those that do.
                     there = [k for k in keys if self._store_call(store.check, [k])]
                     self._read(there, self._store_call(store.multi_get, there))
+                if self._errand is not None:
+                    self._run_errand(store)
+                elif not self.reported and self._store_call(store.check, [REPORT_KEY]):
+                    self._report(store, self._store_call(store.get, REPORT_KEY).decode())
             except Exception as e:  # the store's host is gone: the watch thread will say so
                 self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
                 if self._stop.is_set():
                     return
-            self._stop.wait(self.interval)
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def _report(self, store, step: str) -> None:
+        """Every rank, asked by the speaker: its threads' stacks written, its place in the store."""
+        from .hang_report import dump_stacks, main_frame, where  # noqa: PLC0415  (torch: see the docstring)
+
+        self.reported = True
+        folder = os.path.join(self.report_dir, f"hang-{step}") if self.report_dir else None
+        dump_stacks(folder, self.launch.rank, self.own_error)
+        place = self.own_place or where(main_frame(self.main_thread), self.stack[-1][0], self.step)
+        self._store_call(store.set, WHERE_KEY.format(self.launch.rank), place)
+
+    def _run_errand(self, store) -> None:
+        """The speaker's errand: claim the verdict; if first, ask every rank where it is and
+        collect what the live ones answer within a few beats."""
+        errand, self._errand = self._errand, None
+        errand["first"] = self._store_call(store.add, VERDICT_KEY, 1) == 1
+        if errand["first"]:
+            self._store_call(store.set, REPORT_KEY, str(self.step))
+            self._report(store, str(self.step))
+            there = [k for k in (KEY.format(r) for r in range(self.launch.world_size))
+                     if self._store_call(store.check, [k])]
+            self._read(there, self._store_call(store.multi_get, there))  # every rank's last beat, read now
+            deadline, wanted = time.monotonic() + errand["within"], range(self.launch.world_size)
+            while time.monotonic() < deadline and len(errand["where"]) < self.launch.world_size:
+                for rank in wanted:
+                    if rank not in errand["where"] and self._store_call(store.check, [WHERE_KEY.format(rank)]):
+                        errand["where"][rank] = self._store_call(store.get, WHERE_KEY.format(rank)).decode()
+                time.sleep(0.2)
+        self._errand_done.set()
+
+    def _ask(self) -> dict:
+        """From a thread about to give the verdict: the heartbeat thread's errand, waited for
+        a bounded time (a store that does not answer gives no places, and leaves the claim to us)."""
+        errand = {"first": True, "where": {}, "within": min(12.0, 2 * self.interval + 2)}
+        if not self.store_ready or self.store_error:
+            return errand
+        self._errand_done.clear()
+        self._errand = errand
+        self._wake.set()
+        self._errand_done.wait(errand["within"] + 3 * self.interval + 2)
+        return errand
 
     def _store_call(self, call, *args):
         self.store_call_since = time.monotonic()
@@ -238,11 +306,23 @@ class Watchdog:
                           for r in self.seen)
         if lower_waits and self._stop.wait(4 * self.interval):
             return  # a lower rank waits too and says the same: let it speak first
-        line = f"error: {self.diagnose(entry)}"
+        errand = self._ask()
+        if not errand["first"]:  # another rank claimed the verdict: it speaks and ends the job
+            self._stop.wait(3600)
+            return
+        line = f"error: {self.diagnose(entry, errand['where'])}"
         print(line, file=sys.stderr, flush=True)
         if self.record is not None:
             self.record(EXIT_RANK_LOST, line)
         self.end(EXIT_RANK_LOST)
+
+    def collective_timed_out(self, error: BaseException) -> None:
+        """A collective inside the user's code (loss_fn calling torch.distributed) hit the
+        process group's own timeout: the watchdog's verdict, named where it was called."""
+        from .hang_report import where_raised  # noqa: PLC0415
+
+        self.own_place, self.own_error = where_raised(error) or "in a collective of the user's code", error
+        self.expire((self.own_place, True, time.monotonic() - self.timeout_s))
 
     def _fresh(self, rank: int) -> bool:
         """Its heartbeat changed within the last 3 intervals: as this rank saw it change, and
@@ -254,10 +334,11 @@ class Watchdog:
     def _age(seen: Seen) -> float:
         return max(time.monotonic() - seen.changed_at, time.time() - seen.beat["wall"])
 
-    def diagnose(self, entry: tuple[str, bool, float]) -> str:
+    def diagnose(self, entry: tuple[str, bool, float], places: dict[int, str] | None = None) -> str:
         name, _, since = entry
         now, me = time.monotonic(), self.launch.rank
-        waited = f"rank {me} (host {self.host}) waited {now - since:.0f} s in the {name} at step {self.step}"
+        place = name if name.startswith("in ") else f"in the {name}"  # the user's code's place reads "in X at F:L"
+        waited = f"rank {me} (host {self.host}) waited {now - since:.0f} s {place} at step {self.step}"
         store_stuck = self.store_call_since is not None and now - self.store_call_since > 3 * self.interval
         lost, busy, waiting = [], [], []
         for rank in range(self.launch.world_size):
@@ -282,7 +363,11 @@ class Watchdog:
             others = ", ".join(f"rank {r} in the {self.seen[r].beat['phase']} at step {self.seen[r].beat['step']}"
                                for r in waiting)
             line = (f"the ranks are alive but disagree about the collectives (rank-dependent code around a "
-                    f"collective?): rank {me} in the {name} at step {self.step}, {others}")
+                    f"collective?): rank {me} {place} at step {self.step}, {others}")
+        if places:
+            line += "; where each live rank is: " + "; ".join(f"rank {r} {places[r]}" for r in sorted(places))
+            folder = os.path.join(self.report_dir, f"hang-{self.step}") if self.report_dir else None
+            line += f" (their stacks: {folder or 'on stderr'})"
         return f"{line}; --timeout is {self.timeout_s:g} s; the job ends (exit {EXIT_RANK_LOST}); {self.checkpoint}"
 
     def _describe(self, rank: int, what: str) -> str:
