@@ -92,7 +92,8 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
     schedule = _user_scheduler(scheduler, built) if scheduler is not None else \
         build_schedule(built, config.schedule, config.warmup_steps, total or 0)
     scaler = make_scaler(plan.precision, device)
-    parts = resume.Parts(model=resume.ModelWeights(model), optimizer=resume.OptimizerState(built), scaler=scaler,
+    parts = resume.Parts(model=resume.ModelWeights(model), scaler=scaler,
+                         optimizer=resume.OptimizerState(built, this_runs_win=scheduler is None),
                          scheduler=resume.UserScheduler(schedule) if scheduler is not None else
                          resume.ScheduleState(schedule, position), position=position, state=state,
                          data=batches if isinstance(batches, Stream) else None)

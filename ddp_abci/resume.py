@@ -35,10 +35,12 @@ class OptimizerState:
     """The optimizer as a checkpoint part. optimizer.load_state_dict restores the saved
     param_groups' lr, betas, ...: this run's are put back (the state, i.e. moments and step
     counts, stays loaded), and `changed` lists 'lr 0.0001 -> 1e-05' for each that differs.
-    'initial_lr' is the schedule's base rate."""
+    'initial_lr' is the schedule's base rate. With a scheduler of the user's own, which sets
+    the rate (and OneCycleLR the momentum) at each step, the checkpoint's values stay: they
+    are where that scheduler left them."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer, self.changed = optimizer, []
+    def __init__(self, optimizer: torch.optim.Optimizer, this_runs_win: bool = True) -> None:
+        self.optimizer, self.this_runs_win, self.changed = optimizer, this_runs_win, []
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
@@ -46,6 +48,8 @@ class OptimizerState:
     def load_state_dict(self, state: dict) -> None:
         current = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state)
+        if not self.this_runs_win:
+            return
         for group, now, saved in zip(self.optimizer.param_groups, current, state["param_groups"], strict=True):
             group.update(now)
             for key in HYPER:
