@@ -128,7 +128,6 @@ class Stream:
         self.turn, self.taken = 0, 0  # the workers' rotation this epoch (re)started with; turns taken since
         self.where: dict[int, dict] = {}      # each worker's position after the last trained batch
         self.resume_at: dict | None = None    # the saved position to begin the next epoch from
-        self.replays: list[tuple[int, int, float]] = []  # (worker, items replayed, seconds) of a resume
 
     def __len__(self) -> int:
         """Batches an epoch holds on each rank, where the dataset has a length (an estimate:
@@ -174,8 +173,11 @@ class Stream:
         self.trained += 1
         self.taken += where["turns"]
         self.where[where["worker"]] = {k: where[k] for k in ("read", "made", "state") if k in where}
-        if where.get("resumed"):
-            self.replays.append((where["worker"], where.get("replayed", 0), where.get("replay_s", 0.0)))
+        if where.get("resumed") and self.rank == 0:  # rank 0 says how each of its workers took up the stream
+            how = (f"read {where['replayed']:,} items again in {where['replay_s']:.2f} s (the stream has no "
+                   "state_dict(): replayed to its saved position)" if "state" not in where else
+                   "went on from its stream's state_dict(), reading nothing again")
+            print(f"resume: rank 0's stream, worker {where['worker']}: {how}", flush=True)
 
     # -- the checkpoint part ----------------------------------------------------------------
 

@@ -159,7 +159,7 @@ class Progress:
     last line (all of this rank's, not one step's), samples/s, and the time left, with
     whether the run ends before --stop-after. No carriage returns: job logs are files."""
 
-    def __init__(self, every_s: float, total_steps: int, first_step: int, deadline: float | None) -> None:
+    def __init__(self, every_s: float, total_steps: int | None, first_step: int, deadline: float | None) -> None:
         self.every_s, self.total_steps, self.deadline = every_s, total_steps, deadline
         self.last_t, self.last_step, self.last_sum = time.perf_counter(), first_step, 0.0  # the loop's clock
         self.start_t, self.start_step = self.last_t, first_step
@@ -172,10 +172,12 @@ class Progress:
         recent = (total - self.last_sum) / max(step - self.last_step, 1) if step > self.last_step else float("nan")
         self.last_t, self.last_step, self.last_sum = now, step, total
         per_step = (now - self.start_t) / max(step - self.start_step, 1)
-        left = (self.total_steps - step) * per_step
         text = f"  {epoch} loss {recent:.4f} (mean of recent steps)"
         if rate:
             text += f", {rate:,.0f} samples/s"
+        if self.total_steps is None:  # a stream without a length, and no --max-steps: no end to count down to
+            return text
+        left = (self.total_steps - step) * per_step
         text += f", {_duration(left)} left"
         if self.deadline is not None:
             before = self.deadline - time.monotonic()
@@ -195,7 +197,8 @@ def _duration(seconds: float) -> str:
 class RunTrackers:
     """Rank 0's JSON lines, TensorBoard and progress line; on other ranks, nothing."""
 
-    def __init__(self, config: Any, launch: Any, first_step: int, total_steps: int, deadline: float | None) -> None:
+    def __init__(self, config: Any, launch: Any, first_step: int, total_steps: int | None,
+                 deadline: float | None) -> None:
         """Collective: rank 0 opens the logs, and a failure there stops every rank, before training."""
         self.metrics: MetricsLog | None = None
         self.board: TensorBoardLog | None = None

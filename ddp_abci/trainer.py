@@ -168,7 +168,8 @@ class Trainer:
             self.batches.trained_one(where)
         if self.steps_left is not None:
             self.steps_left -= 1
-        where = f"{self.batch_in_epoch}/{len(self.batches)}" if self.batches.sized else f"{self.batch_in_epoch}"
+        where = (f"{self.batch_in_epoch}/{len(self.batches)}" if self.batches.sized else
+                 f"{self.batch_in_epoch} batches, {self.batch_in_epoch * self.config.global_batch:,} items")
         self.trackers.after_step(self.step, self.epoch, result, self.optimizer, self.scaler, self.clock, self.tally,
                                  f"epoch {self.epoch + 1}/{self.config.epochs} [{where}]")
         self.agreement.watch(result.grad_norm, result.skipped)
