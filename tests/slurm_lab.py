@@ -93,7 +93,7 @@ class SlurmLab:
         raise RuntimeError("munged did not start")
 
     def _write_conf(self) -> None:
-        nodes = "\n".join(f"NodeName={node} NodeAddr={addr} CPUs=1 RealMemory=4000 State=UNKNOWN"
+        nodes = "\n".join(f"NodeName={node} NodeAddr={addr} CPUs=2 RealMemory=4000 State=UNKNOWN"
                           for node, addr in NODES.items())
         r = self.root
         self.conf.write_text(textwrap.dedent(f"""\

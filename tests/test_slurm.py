@@ -3,8 +3,12 @@ namespaces: tests/slurm_lab.py), driven only through sbatch, squeue, scancel and
 never by calling a script directly."""
 import json
 import os
+import re
 import shutil
+import signal
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from slurm_lab import NET, SlurmLab
@@ -19,7 +23,7 @@ SITE = dict(CONTAINER="none", PYTHON=PYTHON, MPIRUN=MPIRUN, PATH=f"{VENV_BIN}:{o
             MPI_ARGS=f"--mca btl self,sm,tcp --mca btl_tcp_if_include {NET} --prtemca oob_tcp_if_include {NET} "
                      "--bind-to none")
 HEADER = ["-N", "2", "-t", "00:03:00", "--signal=B:USR1@60"]  # the header's line, less account and GPUs
-SMALL = ["--num-items", "4000", "--seed", "3"]  # 80 steps an epoch
+SMALL = ["--num-items", "4000", "--seed", "3", "--bs", "50"]  # 80 steps an epoch
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,7 @@ def slurm(tmp_path_factory):
 
 def submit(lab, out, *args, **settings):
     """sbatch from the repo root (where the scripts find the checkout), the output to `out`."""
-    return lab.sbatch(f"--output={out}", f"--chdir={REPO}", *args, **SITE, **settings)
+    return lab.sbatch(f"--output={out}", f"--chdir={REPO}", *args, **{**SITE, **settings})
 
 
 @pytest.fixture(scope="module")
@@ -60,23 +64,32 @@ def test_the_header_line_trains_two_ranks_across_two_nodes_to_done(header_job):
     assert "done: 400 steps" in out and "replicas agree" in out
 
 
+FIT_SCRIPT = str(REPO / "tests" / "chain_fit_script.py")  # a user's own fit() script: TRAIN_SCRIPT
+FOUR = dict(MAP_BY="ppr:2:node")  # 2 ranks a node, on the lab's 2 cores a node
+
+
 @pytest.fixture(scope="module")
-def chain(slurm, header_job, tmp_path_factory):
-    """A --max-steps run sized to need about two 1-minute walltimes, through submit.sh -c 3,
-    and the same run uninterrupted."""
+def chain(slurm, tmp_path_factory):
+    """A fit() script's --max-steps run sized to need two or three 1-minute walltimes, through
+    submit.sh slurm -n 2 -p 2 -c 4 (4 ranks in every job), and the same run uninterrupted."""
     d = tmp_path_factory.mktemp("chain")
-    steps_per_s = header_job[2]["samples_per_s"] / 50
-    # A job of -t 1:00 trains until its --stop-after, 60 s - 15 s of margin, less start-up.
-    max_steps = int(1.5 * steps_per_s * 38)
-    args = ["--epochs", "100000", *SMALL, "--max-steps", str(max_steps)]
-    out = slurm.run("bash", "scripts/submit.sh", "slurm", "-n", "2", "-t", "00:01:00", "-c", "3", "--", *args,
-                    **SITE, CKPT_DIR=str(d / "ck"), STOP_MARGIN_S="15", SUBMIT_DIR=str(d / "submit"),
-                    SBATCH_OUTPUT=str(d / "job-%j.out"))
-    ids = [int(line) for line in out.stdout.split()]
-    assert out.returncode == 0 and len(ids) == 3, out.stdout
-    infos = [slurm.wait(job, 200) for job in ids]
-    whole = submit(slurm, d / "whole.out", "-N", "2", "-t", "00:10:00", "scripts/slurm/train.sbatch", *args,
-                   CKPT_DIR=str(d / "whole"))
+    probe = submit(slurm, d / "probe.out", "-N", "2", "--ntasks-per-node=2", "-t", "00:05:00",
+                   "scripts/slurm/train.sbatch", "--epochs", "4", "--summary-json", str(d / "probe.json"),
+                   TRAIN_SCRIPT=FIT_SCRIPT, **FOUR)
+    assert slurm.wait(probe, 180)["ExitCode"] == "0:0", (d / "probe.out").read_text()
+    figures = json.loads((d / "probe.json").read_text())
+    start_s = figures["first_step_unix"] - figures["startup_unix"]["process_unix"]
+    # A job of -t 1:00 trains until its --stop-after, 60 s - 15 s of margin, less start-up: one and a half of that.
+    max_steps = int(1.5 * figures["samples_per_s"] / 64 * (45 - start_s))
+    args = ["--epochs", "100000", "--max-steps", str(max_steps)]
+    out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-p", "2", "-t", "1m", "-c", "4", "--",
+                    *args, **{**SITE, **FOUR}, TRAIN_SCRIPT=FIT_SCRIPT, CKPT_DIR=str(d / "ck"), STOP_MARGIN_S="15",
+                    SUBMIT_DIR=str(d / "submit"), SBATCH_OUTPUT=str(d / "job-%j.out"))
+    ids = [int(line) for line in out.stdout.split() if line.isdigit()]
+    assert out.returncode == 0 and len(ids) == 4, out.stdout
+    infos = [slurm.wait(job, 240) for job in ids]
+    whole = submit(slurm, d / "whole.out", "-N", "2", "--ntasks-per-node=2", "-t", "00:10:00",
+                   "scripts/slurm/train.sbatch", *args, TRAIN_SCRIPT=FIT_SCRIPT, CKPT_DIR=str(d / "whole"), **FOUR)
     slurm.wait(whole, 300)
     return {"ids": ids, "infos": infos, "outs": [(d / f"job-{j}.out").read_text() for j in ids], "dir": d,
             "max_steps": max_steps}
@@ -90,14 +103,64 @@ def test_a_run_longer_than_its_walltime_stops_on_its_own_deadline_from_squeue_wi
     assert "SIGUSR1" not in out and "CANCELLED" not in info["JobState"]  # before Slurm's signal and kill
 
 
-def test_a_chain_of_jobs_carries_the_run_to_the_uninterrupted_weights(chain):
+def test_a_chain_of_jobs_of_four_ranks_carries_a_fit_script_to_the_uninterrupted_weights(chain):
     outs, d = chain["outs"], chain["dir"]
-    assert "resume: " in outs[1] and ("done: " in outs[1] or "done: " in outs[2]), outs
-    assert "is finished" in outs[2] and "nothing to train" in outs[2] and "world size" not in outs[2], outs[2]
-    assert chain["infos"][2]["ExitCode"] == "0:0"
+    done = next(i for i, out in enumerate(outs) if "done: " in out)
+    assert done >= 1 and all("resume: " in out for out in outs[1:done + 1]), outs
+    assert all("2 node(s) x 2 rank(s) = 4" in out and "world size 4 (local 2)" in out for out in outs[:done + 1])
+    for out, info in zip(outs[done + 1:], chain["infos"][done + 1:], strict=True):  # the rest find it finished
+        assert "is finished" in out and "nothing to train" in out and "world size" not in out, out
+        assert info["ExitCode"] == "0:0"
     resumed, whole = load(d / "ck" / "last.pt"), load(d / "whole" / "last.pt")
     assert resumed["step"] == whole["step"] == chain["max_steps"]
     assert same_tensors(resumed["model"], whole["model"])  # bit for bit
+
+
+LOST = ["--epochs", "1", "--num-items", "400000", "--seed", "3", "--bs", "50", "--max-steps", "3000",
+        "--save-every-steps", "50", "--timeout", "10"]  # 8000 steps an epoch: every stop is mid-epoch
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm, tmp_path_factory):
+    d = tmp_path_factory.mktemp("whole")
+    job = submit(slurm, d / "out", "-N", "2", "-t", "00:05:00", "scripts/slurm/train.sbatch", *LOST,
+                 CKPT_DIR=str(d / "ck"))
+    assert slurm.wait(job, 240)["ExitCode"] == "0:0", (d / "out").read_text()
+    return load(d / "ck" / "last.pt")
+
+
+def _ranks_on(slurm, node: str) -> list[int]:
+    pids = subprocess.run(["ip", "netns", "pids", slurm.ns[node]], stdout=subprocess.PIPE, text=True).stdout.split()
+    return [int(p) for p in pids if b"ddp_abci.train" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+@pytest.mark.parametrize("failure", ["a node that hangs", "scancel --signal=KILL"])
+def test_a_chain_survives_a_lost_node_from_its_last_step_checkpoint_bit_for_bit(slurm, uninterrupted, tmp_path,
+                                                                                  failure):
+    out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-t", "2m", "-c", "2", "--", *LOST,
+                    **SITE, CKPT_DIR=str(tmp_path / "ck"), SUBMIT_DIR=str(tmp_path / "submit"),
+                    SBATCH_OUTPUT=str(tmp_path / "job-%j.out"))
+    first, second = (int(x) for x in out.stdout.split() if x.isdigit())
+    log = tmp_path / f"job-{first}.out"
+    deadline = time.monotonic() + 120
+    while not log.exists() or "checkpoint: step 500 " not in log.read_text():
+        assert time.monotonic() < deadline, (slurm.job(first), log.exists() and log.read_text())
+        time.sleep(0.2)
+    if failure == "a node that hangs":  # every rank of h2 stopped, as a node stuck on its file system
+        for pid in _ranks_on(slurm, "h2"):
+            os.kill(pid, signal.SIGSTOP)
+    else:
+        slurm.run("scancel", "--signal=KILL", str(first))
+    info = slurm.wait(first, 60)
+    slurm.wait(second, 180)
+    one, two = log.read_text(), (tmp_path / f"job-{second}.out").read_text()
+    if failure == "a node that hangs":
+        assert info["ExitCode"] == "69:0", (info, one)
+        assert "error: rank 1 (host h2) stopped answering" in one, one
+    resumed_at = int(re.search(r"resume: \S+ at epoch 0, batch \d+, step (\d+)", two)[1])
+    assert resumed_at >= 500 and resumed_at % 50 == 0, two  # the last save point, not the epoch's start
+    end = load(tmp_path / "ck" / "last.pt")
+    assert end["step"] == uninterrupted["step"] == 3000 and same_tensors(end["model"], uninterrupted["model"])
 
 
 @pytest.mark.parametrize("how", ["scancel", "scancel --signal=USR1 --batch"])

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The raw trainer's own flags (one home each: config.py, seed_job.py); --bs is the global
     # batch, the per-rank batch x world with --as-written. fp32 by default, as the seed runs on the CPU.
     add_options(p, TrainConfig, only=SHARED_FLAGS, defaults={"amp": "no"})
-    add_options(p, SeedJob, only=("num_items",))
+    add_options(p, SeedJob, only=("num_items", "dim_in", "dim_hidden"))
     p.add_argument("--as-written", action="store_true",
                    help="Accelerator(split_batches=True) exactly as the seed wrote it (ignored by Accelerate 1.x)")
     return p
@@ -107,8 +107,8 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
     accelerator.print(f"accelerate variant: world size {world}, device {accelerator.device}, precision {args.amp}, "
                       f"{reading} -> split_batches={split}, global batch {global_batch}")
 
-    model = build_model(args.seed)
-    dataset = LinspaceDataset(num_items=args.num_items)
+    model = build_model(args.seed, args.dim_in, args.dim_hidden)
+    dataset = LinspaceDataset(args.dim_in, num_items=args.num_items)
     loader = DataLoader(dataset, batch_size=args.global_batch, shuffle=True, num_workers=args.workers,
                         pin_memory=torch.cuda.is_available(), persistent_workers=args.workers > 0)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.0, 0.99))

@@ -48,7 +48,7 @@ def side_command(side: str, args: argparse.Namespace, summary: Path, extra: tupl
     mpirun = mpirun_prefix(args, 1 if side == "raw1" else args.world_size)
     common = ["--bs", str(args.bs), "--amp", args.amp, "--workers", str(args.workers),
               "--epochs", str(args.epochs), "--max-steps", str(args.max_steps), "--num-items", str(args.num_items),
-              "--summary-json", str(summary)]
+              "--dim-in", str(args.dim_in), "--dim-hidden", str(args.dim_hidden), "--summary-json", str(summary)]
     if side.startswith("raw"):
         return [*mpirun, sys.executable, "-m", "ddp_abci.train", *common, *args.raw_args, *extra]
     common[common.index("--amp") + 1] = "no" if args.amp == "auto" else args.amp  # the peers compare fp32 here
@@ -56,7 +56,8 @@ def side_command(side: str, args: argparse.Namespace, summary: Path, extra: tupl
         return [*mpirun, sys.executable, "-m", PEERS[side], *common, *extra]
     # Accelerate and the textbook read the rendezvous from the environment (env://), as the
     # seed's job script gives it, and torchrun's variables mapped from Open MPI's.
-    mpirun += ["-x", f"MASTER_ADDR={args.master_addr}", "-x", f"MASTER_PORT={free_port(args.master_addr)}"]
+    # A port free here (a fresh network namespace, the link lab's hosts, has every port free).
+    mpirun += ["-x", f"MASTER_ADDR={args.master_addr}", "-x", f"MASTER_PORT={free_port('127.0.0.1')}"]
     wrapper = [sys.executable, "-m", "ddp_abci.compare.accelerate_env"]
     return [*mpirun, *wrapper, sys.executable, "-m", PEERS[side], *common, *extra]
 
@@ -64,6 +65,8 @@ def side_command(side: str, args: argparse.Namespace, summary: Path, extra: tupl
 def run_side(side: str, args: argparse.Namespace, workdir: Path, round_: int, extra: tuple[str, ...] = ()) -> dict:
     summary = workdir / f"{side}{'-'.join(('',) + extra)}-{round_}.json"
     cmd = side_command(side, args, summary, extra)
+    if getattr(args, "wrap", None):  # across the network lab's hosts: started as its first host
+        cmd = args.wrap(cmd)
     started = time.time()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
     wall = time.time() - started
@@ -255,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--num-items", type=int, default=10000)
+    p.add_argument("--dim-in", type=int, default=1000, help="the seed's autoencoder's width (every side)")
+    p.add_argument("--dim-hidden", type=int, default=100, help="its hidden width (every side)")
+    p.add_argument("--sizes", default="", metavar="IxH,...",
+                   help="also run the sides at these model sizes, DIM_IN x DIM_HIDDEN (JSON key sizes, chart "
+                        "*-sizes.png), e.g. 1000x100,2000x1000,4000x4000")
+    p.add_argument("--link", default="", metavar="RATE[,DELAY]",
+                   help="also run the sides across two network-namespace hosts whose link tc shapes, e.g. "
+                        "1gbit,0.5ms (root; JSON key link)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sides", default="raw,accelerate,raw1",
                    help="comma list of raw, accelerate, raw1 (raw on 1 rank), fabric (Lightning Fabric), textbook "
@@ -383,6 +394,15 @@ def main(argv: list[str] | None = None) -> int:
                                                         f"{report['environment']['date']}"):
             print(f"sweep chart: {sweep_png}; {args.world_size} ranks overtake 1 rank from global batch "
                   f"{report['sweep_crossover_global_batch']}")
+    if args.sizes:
+        from .sizes import run_sizes, save_sizes_chart
+
+        report["sizes"] = run_sizes(args, sides, run_side, summarise, ratios)
+        save_sizes_chart(report["sizes"], out.with_name(out.stem + "-sizes.png"))
+    if args.link:
+        from .link import run_link
+
+        report["link"] = run_link(args, sides, run_side, summarise, ratios)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(format_table(report))
     if args.decompose:

@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ddp_abci.fabric_variant",
                       description="The seed's job on Lightning Fabric, for comparison with ddp_abci.train.")
     add_options(p, TrainConfig, only=SHARED_FLAGS, defaults={"amp": "no"})
-    add_options(p, SeedJob, only=("num_items",))
+    add_options(p, SeedJob, only=("num_items", "dim_in", "dim_hidden"))
     return p
 
 
@@ -67,10 +67,10 @@ def run(args: argparse.Namespace, process_started: float) -> int:
     world = fabric.world_size
     if args.global_batch % world:
         return report(UsageError(f"global batch {args.global_batch} does not divide by world size {world}"))
-    model = build_model(args.seed)
+    model = build_model(args.seed, args.dim_in, args.dim_hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.0, 0.99))
     model, optimizer = fabric.setup(model, optimizer)
-    dataset = LinspaceDataset(num_items=args.num_items)
+    dataset = LinspaceDataset(args.dim_in, num_items=args.num_items)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=fabric.global_rank, shuffle=True, seed=args.seed)
     loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=args.global_batch // world, sampler=sampler,
                                                  num_workers=args.workers), use_distributed_sampler=False)

@@ -131,7 +131,7 @@ def _mpi_average(flat) -> None:
     flat.div_(MPI.COMM_WORLD.Get_size())
 
 
-def allreduce_time(iters: int, backends: list[str]) -> dict:
+def allreduce_time(iters: int, backends: list[str], dim_in: int = 1000, dim_hidden: int = 100) -> dict:
     """Time of one all-reduce of a buffer the size of the model's gradients, on the
     process group (gloo or NCCL, as DDP uses it) and through mpi4py when available."""
     import torch
@@ -141,7 +141,7 @@ def allreduce_time(iters: int, backends: list[str]) -> dict:
     from ..parallel.launch import discover_launch
     from ..parallel.process_group import distributed
 
-    numel = sum(p.numel() for p in SimpleModule().parameters())
+    numel = sum(p.numel() for p in SimpleModule(dim_in, dim_hidden).parameters())
     launch = discover_launch()
     out = {"probe": "allreduce", "world_size": launch.world_size, "bytes": numel * 4}
     with distributed(launch) as device:
@@ -206,11 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     a = sub.add_parser("allreduce")
     a.add_argument("--iters", type=int, default=300)
     a.add_argument("--backends", default="pg,mpi")
+    a.add_argument("--dim-in", type=int, default=1000)
+    a.add_argument("--dim-hidden", type=int, default=100)
     args = p.parse_args(argv)
     if args.probe == "floor":
         result = compute_floor(args.bs, args.steps, args.threads, args.amp, args.lockstep, args.ddp)
     else:
-        result = allreduce_time(args.iters, args.backends.split(","))
+        result = allreduce_time(args.iters, args.backends.split(","), args.dim_in, args.dim_hidden)
     if result:
         print(json.dumps(result), flush=True)
     return 0

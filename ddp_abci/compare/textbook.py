@@ -36,7 +36,7 @@ SWITCHES = (("--share-threads", "CPU threads shared out: cores / local ranks (pa
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ddp_abci.textbook", description="The seed's job as the DDP tutorial writes it.")
     add_options(p, TrainConfig, only=SHARED_FLAGS, defaults={"amp": "no"})
-    add_options(p, SeedJob, only=("num_items",))
+    add_options(p, SeedJob, only=("num_items", "dim_in", "dim_hidden"))
     for flag, help in SWITCHES:
         p.add_argument(flag, action="store_true", help=f"the raw trainer's choice: {help}")
     return p
@@ -55,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..model import build_model, rmse_loss
 
     clock = SideClock(started)
+    missing = [v for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:  # the tutorial's script reads torchrun's variables and nothing else
+        print(f"error: the textbook script reads torchrun's variables, and these are not set: "
+              f"{', '.join(missing)}; run it under torchrun, or under mpirun as python -m "
+              "ddp_abci.compare.accelerate_env python -m ddp_abci.textbook (with -x MASTER_ADDR=<rank 0's host>)",
+              file=sys.stderr, flush=True)
+        return 2
     # ddp_setup(): torchrun's variables, env:// rendezvous; NCCL and one GPU a rank where there are GPUs
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
@@ -66,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world))))
 
     # load_train_objs() and prepare_dataloader()
-    dataset = LinspaceDataset(num_items=args.num_items)
-    model = DDP(build_model(args.seed).to(device), device_ids=[local_rank] if device.type == "cuda" else None,
-                gradient_as_bucket_view=args.bucket_view)
+    dataset = LinspaceDataset(args.dim_in, num_items=args.num_items)
+    model = DDP(build_model(args.seed, args.dim_in, args.dim_hidden).to(device),
+                device_ids=[local_rank] if device.type == "cuda" else None, gradient_as_bucket_view=args.bucket_view)
     if args.mpi_hook:
         from ..parallel.mpi_hook import register_mpi_hook
 

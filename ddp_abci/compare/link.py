@@ -1,0 +1,68 @@
+"""Across a slow link: `python -m ddp_abci.bench --link 1gbit,0.5ms` (root).
+
+Two hosts on this machine (network namespaces, netlab.py), one rank each, the second host's
+link shaped by tc (a rate, and a delay each way). Every side of --sides runs across them (fresh
+mpiruns, alternating, as the main benchmark), and the raw trainer once more through gloo, so
+that both gradient paths are measured: the MPI hook and gloo's all-reduce. JSON key `link`.
+
+How much of the all-reduce backward hides, per raw path: overlap = 1 - exposed / alone, where
+`exposed` is the part of a step that is not this rank's compute (the step's time less the
+straggler clock's compute median, which leaves out the waits) and `alone` the all-reduce of
+the gradients by itself across the same link (probes.py allreduce). 0: all of it waited for.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from .bench import mpirun_prefix, probe
+from .netlab import NetLab
+
+
+def run_link(args: argparse.Namespace, sides: list[str], run_side, summarise, ratios) -> dict:
+    rate, _, delay = args.link.partition(",")
+    with tempfile.TemporaryDirectory() as tmp, NetLab(["hosta", "hostb"], Path(tmp)) as lab:
+        lab.shape("hostb", rate, delay or None)
+        at = copy.copy(args)
+        at.world_size, at.master_addr = 2, lab.addr["hosta"]
+        # One thread a rank: both "hosts" share this machine's cores.
+        at.mpirun_args = [*args.mpirun_args, *lab.mpi_args(), "--hostfile", str(lab.hostfile()), "--map-by",
+                          "ppr:1:node", "--bind-to", "none", "-x", "PATH", "-x", "OMP_NUM_THREADS=1"]
+        at.wrap = lambda cmd: lab.as_host("hosta", cmd)
+        named = [s for s in sides if s != "raw1"]
+        runs: dict[str, list[dict]] = {s: [] for s in [*named, "raw gloo"]}
+        for round_ in range(args.rounds):
+            order = [*named, "raw gloo"] if round_ % 2 == 0 else ["raw gloo", *reversed(named)]
+            for side in order:
+                extra = ("--comm", "gloo") if side == "raw gloo" else ()
+                runs[side].append(run_side("raw" if side == "raw gloo" else side, at, Path(tmp), round_, extra))
+        alone = probe(at.wrap([*mpirun_prefix(at, 2), sys.executable, "-m", "ddp_abci.compare.probes", "allreduce",
+                               "--iters", "10", "--dim-in", str(args.dim_in), "--dim-hidden", str(args.dim_hidden)]),
+                      args.timeout)
+    results = {side: summarise(r) for side, r in runs.items()}
+    shown = {k: v for k, v in ratios(results).items() if k.startswith("throughput")}
+    gloo = results.get("raw gloo", {})
+    if "samples_per_s" in gloo and "samples_per_s" in results.get("raw", {}):
+        shown["throughput raw (MPI hook) / raw through gloo"] = results["raw"]["samples_per_s"] / gloo["samples_per_s"]
+    overlap = {"raw": _overlap(runs["raw"], alone.get("mpi_ms")),
+               "raw gloo": _overlap(runs["raw gloo"], alone.get("gloo_ms"))}
+    print(f"link {args.link}: " + ", ".join(f"{k} {v:.2f}" for k, v in shown.items() if v is not None)
+          + f"; overlap {overlap}", flush=True)
+    return {"rate": rate, "delay": delay or None, "sides": results, "ratios": shown, "allreduce_alone": alone,
+            "overlap": overlap}
+
+
+def _overlap(runs: list[dict], alone_ms: float | None) -> dict | None:
+    """The raw runs' median step, compute and exposed communication, and the overlap fraction."""
+    ok = [r for r in runs if not r.get("failed") and r.get("stragglers")]
+    if not ok or not alone_ms:
+        return None
+    step_ms = statistics.median(1e3 * r["global_batch"] / r["samples_per_s"] for r in ok)
+    compute_ms = statistics.median(r["stragglers"][0]["median_step_compute_ms"] for r in ok)
+    exposed = max(0.0, step_ms - compute_ms)
+    return {"step_ms": round(step_ms, 3), "compute_ms": round(compute_ms, 3), "exposed_ms": round(exposed, 3),
+            "allreduce_alone_ms": round(alone_ms, 3), "overlap": round(max(0.0, 1 - exposed / alone_ms), 3)}

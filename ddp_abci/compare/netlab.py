@@ -1,0 +1,157 @@
+"""Hosts on one machine, for the benchmark's slow-link runs and the tests: each host a network
+namespace with its own address and host name, all joined by a bridge, mpirun's ssh replaced by
+an agent that starts a command in a host's namespace. A host's link can be shaped with tc
+(a rate and a delay), and a folder made read-only on one host. Needs root; everything made
+is removed by down(), the processes in the namespaces first.
+
+    with NetLab(["hosta", "hostb"], workdir) as lab:
+        lab.shape("hostb", "1gbit", "0.5ms")
+        lab.run_on("hosta", lab.mpirun(2, [python, "-m", "ddp_abci.train"]))
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+from typing import Sequence
+
+SUBNET_PREFIX = "10.79"
+
+
+def sh(*cmd: str) -> str:
+    """A set-up command: its failure is the lab's (a RuntimeError with its output)."""
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)}: {done.stdout.strip()}")
+    return done.stdout
+
+
+class NetLab:
+    def __init__(self, hosts: Sequence[str], workdir: Path, *, read_only: dict[str, str] | None = None) -> None:
+        """`read_only`: host -> a folder that host sees read-only (a mount namespace of its own)."""
+        if os.geteuid() != 0:
+            raise PermissionError("the network lab needs root (network namespaces, tc)")
+        self.hosts, self.workdir, self.read_only = list(hosts), Path(workdir), dict(read_only or {})
+        self.tag = secrets.token_hex(2)
+        self.subnet = f"{SUBNET_PREFIX}.{int(self.tag, 16) % 200}"
+        self.net = f"{self.subnet}.0/24"
+        self.addr = {host: f"{self.subnet}.{i + 1}" for i, host in enumerate(self.hosts)}
+        self.ns = {host: f"dnl{self.tag}{i}" for i, host in enumerate(self.hosts)}
+        self.veth = {host: f"dnv{self.tag}{i}" for i, host in enumerate(self.hosts)}  # the host's side
+        self.bridge = f"dnb{self.tag}"
+        self.agent = self.workdir / f"agent-{self.tag}"
+        self.made: list[str] = []
+
+    def __enter__(self) -> "NetLab":
+        try:
+            self.up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def up(self) -> None:
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        self.made.append(f"link:{self.bridge}")
+        sh("ip", "link", "set", self.bridge, "up")
+        hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {h}\n::ffff:{a} {h}\n" for h, a in self.addr.items())
+        for host in self.hosts:
+            ns, inside, outside = self.ns[host], f"dni{self.tag}{self.hosts.index(host)}", self.veth[host]
+            sh("ip", "netns", "add", ns)
+            self.made.append(f"ns:{ns}")
+            Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
+            Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)  # names resolve inside (ip netns exec binds it)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", ns)
+            sh("ip", "link", "set", outside, "master", self.bridge)
+            sh("ip", "link", "set", outside, "up")
+            sh("ip", "-n", ns, "addr", "add", f"{self.addr[host]}/24", "dev", inside)
+            sh("ip", "-n", ns, "link", "set", inside, "up")
+            # A cut or slow link: TCP gives up on an unanswered send after 3 tries, not 15
+            # (about 15 minutes), as a site tuned for it does (docs/reliability.md).
+            sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_retries2=3")
+        self._write_agent()
+
+    def _write_agent(self) -> None:
+        cases = "".join(f"    {h}) ns={self.ns[h]} ro={self.read_only.get(h, '')} ;;\n" for h in self.hosts)
+        self.agent.write_text(textwrap.dedent("""\
+            #!/bin/sh
+            # ssh stand-in: AGENT [options] HOST COMMAND runs COMMAND in HOST's namespace, as HOST.
+            while [ "${1#-}" != "$1" ]; do shift; done
+            host=$1; shift
+            case $host in
+            """) + cases + textwrap.dedent("""\
+                *) echo "no host $host" >&2; exit 255 ;;
+            esac
+            if [ -n "$ro" ]; then  # the folder is read-only on this host: a mount namespace of its own
+                exec ip netns exec "$ns" unshare --uts --mount sh -c \\
+                    'mount --bind "$2" "$2" && mount -o remount,ro,bind "$2" && hostname "$0" && exec sh -c "$1"' \\
+                    "$host" "$*" "$ro"
+            fi
+            exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec sh -c "$1"' "$host" "$*"
+            """))
+        self.agent.chmod(0o755)
+
+    def shape(self, host: str, rate: str, delay: str | None = None) -> None:
+        """tc on the host's link, both ways: a token bucket at `rate` (e.g. 100mbit), and `delay`."""
+        inside = f"dni{self.tag}{self.hosts.index(host)}"
+        for where, dev in ((["ip", "netns", "exec", self.ns[host]], inside), ([], self.veth[host])):
+            netem = ["netem", "delay", delay, "rate", rate] if delay else ["tbf", "rate", rate, "burst", "256kbit",
+                                                                            "latency", "400ms"]
+            sh(*where, "tc", "qdisc", "add", "dev", dev, "root", *netem)
+
+    def mpi_args(self) -> list[str]:
+        """Open MPI's options for these hosts: the agent for ssh, TCP on the lab's network."""
+        return ["--prtemca", "plm_ssh_agent", str(self.agent), "--mca", "btl", "self,sm,tcp", "--mca",
+                "btl_tcp_if_include", self.net, "--prtemca", "oob_tcp_if_include", self.net]
+
+    def hostfile(self, slots: int = 1) -> Path:
+        path = self.workdir / f"hosts-{self.tag}"
+        path.write_text("".join(f"{h} slots={slots}\n" for h in self.hosts))
+        return path
+
+    def mpirun(self, mpirun: str, per_host: int, program: Sequence[str], extra: Sequence[str] = ()) -> list[str]:
+        """mpirun starting `program` on every host, `per_host` ranks each."""
+        return [mpirun, "-n", str(per_host * len(self.hosts)), "--hostfile", str(self.hostfile(per_host)),
+                "--map-by", f"ppr:{per_host}:node", "--bind-to", "none", *self.mpi_args(), *extra, *program]
+
+    def as_host(self, host: str, cmd: Sequence[str]) -> list[str]:
+        """cmd run as `host`: in its namespace, with its host name."""
+        return [str(self.agent), host, " ".join(_quote(c) for c in cmd)]
+
+    def run_on(self, host: str, cmd: Sequence[str], timeout: float, env: dict | None = None,
+               ) -> subprocess.CompletedProcess:
+        return subprocess.run(self.as_host(host, cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout, env=env)
+
+    def down(self) -> None:
+        for item in reversed(self.made):
+            kind, name = item.split(":", 1)
+            if kind == "ns":
+                pids = subprocess.run(["ip", "netns", "pids", name], stdout=subprocess.PIPE, text=True).stdout
+                for pid in pids.split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.1)
+                subprocess.run(["ip", "netns", "del", name], stderr=subprocess.DEVNULL)
+                shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+            else:
+                subprocess.run(["ip", "link", "del", name], stderr=subprocess.DEVNULL)
+        self.made.clear()
+        self.agent.unlink(missing_ok=True)
+
+
+def _quote(text: str) -> str:
+    import shlex  # noqa: PLC0415  (the one use)
+
+    return shlex.quote(text)
