@@ -46,10 +46,15 @@ def sweep(path: Any, members: int, sizes: list[int]) -> list[dict]:
             op()
         seconds = path.max((time.perf_counter() - began) / repeats)
         algbw = size / seconds / 1e9
-        rows.append({"bytes": size, "latency_us": round(seconds * 1e6, 2), "algbw_gbps": round(algbw, 4),
-                     "busbw_gbps": round(algbw * 2 * (members - 1) / members, 4) if members > 1 else None})
+        rows.append({"bytes": size, "latency_us": _sig(seconds * 1e6), "algbw_gbps": _sig(algbw),
+                     "busbw_gbps": _sig(algbw * 2 * (members - 1) / members) if members > 1 else None})
         skip = seconds > SLOWEST_OP_S
     return rows
+
+
+def _sig(x: float) -> float:
+    """Four significant digits: an 8-byte all-reduce's bandwidth is a few kB/s."""
+    return float(f"{x:.4g}")
 
 
 class GlooPath:

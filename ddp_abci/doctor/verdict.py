@@ -4,7 +4,7 @@ from __future__ import annotations
 import statistics
 
 VERSIONS = ("python", "torch", "mpi4py", "mpi_library", "nccl")
-SLOW_PAIR = 0.5      # a pair below half the median pair's bus bandwidth
+SLOW_PAIR = 0.5      # a host's pairs below half the median of the pairs without it
 SLOW_STORAGE = 0.1   # a host writing at a tenth of the others' median
 CLOCK_S = 1.0        # a clock this far from rank 0's
 
@@ -43,8 +43,9 @@ def _largest(rows: list[dict]) -> dict | None:
 
 
 def _pairs(network: dict) -> list[str]:
-    """A host whose pairs (with each neighbour) are both below half the median pair: the host's
-    own link. With two hosts there is one pair and nothing to compare it with."""
+    """A host whose pairs (with each neighbour) are all below half the median of the pairs it is
+    not in: the host's own link. (Against the median of all pairs, a bad host among three makes
+    two pairs of three slow, and the median with them.) Two hosts make one pair: nothing to compare."""
     lines = []
     for path, scopes in network.items():
         pairs = {scope[5:]: rows for scope, rows in scopes.items() if scope.startswith("pair ")}
@@ -52,26 +53,26 @@ def _pairs(network: dict) -> list[str]:
             continue
         # Compared at the largest size every pair measured (a slow pair skips the largest).
         size = min(_largest(rows)["bytes"] for rows in pairs.values() if _largest(rows))
-        figures = {pair: next(row for row in rows if row["bytes"] == size) for pair, rows in pairs.items()}
-        median = statistics.median(row["busbw_gbps"] for row in figures.values())
-        slow = {pair for pair, row in figures.items() if row["busbw_gbps"] < SLOW_PAIR * median}
+        figures = {pair: next(row["busbw_gbps"] for row in rows if row["bytes"] == size)
+                   for pair, rows in pairs.items()}
         for host in dict.fromkeys(h for pair in figures for h in pair.split("-")):
-            mine = [pair for pair in figures if host in pair.split("-")]
-            if mine and all(pair in slow for pair in mine):
-                shown = ", ".join(f"{p} {figures[p]['busbw_gbps']:g} GB/s" for p in mine)
-                lines.append(f"host {host}: its {path} all-reduce with its neighbours is below half the median pair "
-                             f"({shown}; median {median:g} GB/s at {size / 1e6:g} MB): check its network link "
-                             "(interface, speed, cable) or leave it out")
+            mine = {p: v for p, v in figures.items() if host in p.split("-")}
+            others = [v for p, v in figures.items() if p not in mine]
+            if others and all(v < SLOW_PAIR * statistics.median(others) for v in mine.values()):
+                shown = ", ".join(f"{p} {v:g} GB/s" for p, v in mine.items())
+                lines.append(f"host {host}: its {path} all-reduce with its neighbours is below half the other pairs' "
+                             f"median ({shown}; the others {statistics.median(others):g} GB/s, at {size / 1e6:g} MB): "
+                             "check its network link (interface, speed, cable) or leave the host out")
     return lines
 
 
 def _storage(storage: list[dict]) -> list[str]:
     lines = []
-    for key, verb in (("ckpt_dir", "write"), ("data_dir", "read")):
+    for key, verb, done in (("ckpt_dir", "write", "written"), ("data_dir", "read", "read")):
         entries = [s for s in storage if key in s]
         for s in entries:
             if s[key].get("writable") is False or s[key].get("readable") is False:
-                lines.append(f"host {s['host']}: {s[key]['folder']} cannot be {verb}n there ({s[key]['error']})")
+                lines.append(f"host {s['host']}: {s[key]['folder']} cannot be {done} there ({s[key]['error']})")
         speeds = {s["host"]: s[key][f"{verb}_mb_s"] for s in entries if f"{verb}_mb_s" in s[key]}
         for host, speed in speeds.items():
             others = [v for h, v in speeds.items() if h != host]
