@@ -113,8 +113,11 @@ class StragglerWatch:
 
     def summary(self) -> list[dict]:
         """Each rank's median step compute over the run and its last score (the summary JSON)."""
-        return [{"rank": rank, "host": host, "median_step_compute_ms":
-                 statistics.median(self.medians[rank]) / 1e3 if self.medians[rank] else None,
+        def median_ms(rank: int) -> float | None:  # the intervals', or the run's only, unfinished one
+            values = self.medians[rank] or self.window[rank]
+            return statistics.median(values) / 1e3 if values else None
+
+        return [{"rank": rank, "host": host, "median_step_compute_ms": median_ms(rank),
                  "score": round(self.scores[rank], 4), "individual_score": round(self.individual[rank], 4)}
                 for rank, host in enumerate(self.hosts)]
 

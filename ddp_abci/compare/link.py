@@ -58,7 +58,8 @@ def run_link(args: argparse.Namespace, sides: list[str], run_side, summarise, ra
 
 def _overlap(runs: list[dict], alone_ms: float | None) -> dict | None:
     """The raw runs' median step, compute and exposed communication, and the overlap fraction."""
-    ok = [r for r in runs if not r.get("failed") and r.get("stragglers")]
+    ok = [r for r in runs if not r.get("failed") and r.get("stragglers")
+          and r["stragglers"][0]["median_step_compute_ms"] is not None]
     if not ok or not alone_ms:
         return None
     step_ms = statistics.median(1e3 * r["global_batch"] / r["samples_per_s"] for r in ok)

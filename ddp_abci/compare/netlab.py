@@ -104,9 +104,15 @@ class NetLab:
         """tc on the host's link, both ways: a token bucket at `rate` (e.g. 100mbit), and `delay`."""
         inside = f"dni{self.tag}{self.hosts.index(host)}"
         for where, dev in ((["ip", "netns", "exec", self.ns[host]], inside), ([], self.veth[host])):
-            netem = ["netem", "delay", delay, "rate", rate] if delay else ["tbf", "rate", rate, "burst", "256kbit",
+            qdisc = ["netem", "delay", delay, "rate", rate] if delay else ["tbf", "rate", rate, "burst", "256kbit",
                                                                             "latency", "400ms"]
-            sh(*where, "tc", "qdisc", "add", "dev", dev, "root", *netem)
+            try:
+                sh(*where, "tc", "qdisc", "add", "dev", dev, "root", *qdisc)
+            except RuntimeError as e:
+                if delay and "unknown" in str(e):
+                    raise SystemExit(f"error: a delay needs the kernel's netem qdisc (sch_netem), which this machine "
+                                     f"lacks; shape the rate alone (--link {rate})") from None
+                raise
 
     def mpi_args(self) -> list[str]:
         """Open MPI's options for these hosts: the agent for ssh, TCP on the lab's network."""
