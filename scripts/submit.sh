@@ -15,6 +15,7 @@ usage: scripts/submit.sh SITE [-g GROUP] [-n NODES] [-t WALLTIME] [-c JOBS] [-p 
   -t WALLTIME        per job: 12:00:00, 2-00:00:00, 12h, 90m, 2d (default 1h)
   -c JOBS            a chain: JOBS jobs, each starting when the one before ends, each resuming
                      from CKPT_DIR (needed); a finished run ends the chain, and so do exits 2, 65, 74
+                     and 1 twice in a row
   -p RANKS_PER_NODE  ranks on each node (default: one per GPU: abci3 rt_HF 8, abci2 rt_AF 8,
                      rt_F 4; slurm: -G's, else NPROC_PER_NODE, else 1)
   -G GPUS_PER_NODE   slurm: the partition's GPUs per node (or GPUS_PER_NODE): asks --gpus-per-node
@@ -174,4 +175,9 @@ if [ -n "${DRY_RUN:-}" ]; then
     settings "$@"
 elif [ "$chain" != 1 ]; then
     printf '%s\n' "${ids[@]}" >"$SUBMIT_DIR/$chain_id.jobs"  # the jobs read it: a slow host left out of the next
+    cancel=qdel
+    [ "$site" = slurm ] && cancel=scancel
+    # On stderr: stdout is the job ids alone, for the tools that read them.
+    echo "submit.sh: a chain of $chain jobs, listed in $SUBMIT_DIR/$chain_id.jobs; to cancel them all:" \
+        "$cancel \$(cat $SUBMIT_DIR/$chain_id.jobs)" >&2
 fi

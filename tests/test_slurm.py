@@ -64,7 +64,7 @@ def test_the_header_line_trains_two_ranks_across_two_nodes_to_done(header_job):
     assert "done: 400 steps" in out and "replicas agree" in out
 
 
-FIT_SCRIPT = str(REPO / "tests" / "chain_fit_script.py")  # a user's own fit() script: TRAIN_SCRIPT
+FIT_SCRIPT = str(REPO / "ddp_abci" / "examples" / "own_model.py")  # a user's own fit() script: TRAIN_SCRIPT
 FOUR = dict(MAP_BY="ppr:2:node")  # 2 ranks a node, on the lab's 2 cores a node
 
 

@@ -140,6 +140,8 @@ def test_values_with_commas_reach_the_job_whole(tmp_path):
     assert "," not in first.split("-v ")[1].split()[0]  # qsub -v would split there
     settings = envfile.read_text()
     assert "BINDS=/data/a\\,/data/b" in settings and "TRAIN_ARGS=--interface\\ ib0\\,ib1" in settings, settings
-    ids = proc.stdout.split()
-    assert (envfile.parent / f"{envfile.stem}.jobs").read_text().split() == ids  # the chain's jobs, for its jobs
+    ids, cancel = proc.stdout.splitlines()[:2], proc.stdout.splitlines()[2]
+    jobs = envfile.parent / f"{envfile.stem}.jobs"
+    assert jobs.read_text().split() == ids  # the chain's jobs, for its jobs
+    assert cancel.endswith(f"to cancel them all: qdel $(cat {jobs})")
     assert f"depend=afterany:{ids[0]}" in second

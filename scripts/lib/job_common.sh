@@ -142,8 +142,8 @@ rank_command() {
     # TMPDIR holds Open MPI's session directory, which the ranks inside must see too.
     local binds=$REPO
     if [ -n "${CKPT_DIR:-}" ]; then
-        mkdir -p "$CKPT_DIR" || die "cannot create CKPT_DIR=$CKPT_DIR"
-        binds+=",$(realpath "$CKPT_DIR")"
+        [ "${DRY_RUN:-0}" = 1 ] || mkdir -p "$CKPT_DIR" || die "cannot create CKPT_DIR=$CKPT_DIR"
+        binds+=",$(realpath -m "$CKPT_DIR")"
     fi
     [ -n "${TMPDIR:-}" ] && [ -d "$TMPDIR" ] && binds+=",$TMPDIR"
     [ -n "${BINDS:-}" ] && binds+=",$BINDS"
