@@ -2,13 +2,14 @@
 need nothing built (data, files, the checkpoint to resume), the model (its resumed weights
 loaded before DDP broadcasts rank 0's), the dry run of loss_fn, DDP and its gradient path,
 torch.compile, the loader, the optimizer, GradScaler and the schedule; then the checkpoint's
-parts, registered and (on resume) restored, the save points and the stop agreement.
+parts, registered and (on resume) restored, the save points, the stop agreement and the logs.
 
 The preflight's verdicts are collectives: every rank calls them, marked for the watchdog.
 """
 from __future__ import annotations
 
 import random
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from .config import TrainConfig, name
 from .data import EpochBatches, build_loader
 from .errors import UsageError
 from .model import compile_model, make_optimizer, seed_optimizer, wrap_model
-from .parallel.collectives import print_main
+from .parallel.collectives import all_ranks, print_main
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest
 from .parallel.stopping import StopAgreement
@@ -33,7 +34,9 @@ from .precision import make_scaler
 from .resume import Position
 from .save_points import ASSUMED_COPY_BYTES_PER_S, SavePoints
 from .schedule import build_schedule
+from .stragglers import StragglerWatch
 from .streams import Stream, has_length, is_stream
+from .tracking import RunTrackers
 
 
 @dataclass
@@ -47,6 +50,8 @@ class Assembly:
     total_steps: int | None           # None: a stream without a length and no --max-steps
     save_points: SavePoints
     agreement: StopAgreement
+    stragglers: StragglerWatch | None  # rank 0's, with --straggler-threshold
+    trackers: RunTrackers
 
 
 def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: RunPlan, watchdog: Any,
@@ -108,7 +113,20 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
                               guard_finite=not fp16, max_fp16_skips=config.max_skipped_steps if fp16 else 0,
                               stop_after_s=config.stop_after_s, expected_save_s=size / 100e6, step=position.step)
     checkpoints.on_written = agreement.saved
-    return Assembly(wrapped, ddp, batches, built, scaler, schedule, total, save_points, agreement)
+    with watchdog.waiting("opening the logs"):
+        stragglers, trackers = _trackers(config, launch, position.step, total, agreement.deadline)
+    return Assembly(wrapped, ddp, batches, built, scaler, schedule, total, save_points, agreement, stragglers,
+                    trackers)
+
+
+def _trackers(config: TrainConfig, launch: Launch, step: int, total: int | None,
+              deadline: float | None) -> tuple[StragglerWatch | None, RunTrackers]:
+    """Collective: every rank's host (the straggler report names them); rank 0 opens the
+    logs, and a failure there stops every rank before training."""
+    hosts = all_ranks(socket.gethostname()) if config.straggler_threshold else []
+    watch = StragglerWatch(config.straggler_threshold, hosts, config.log_every_s,
+                           config.ckpt_dir) if hosts and launch.is_main else None
+    return watch, RunTrackers(config, launch, step, total, deadline)
 
 
 def _resume(snapshot: dict, path: Path, checkpoints: CheckpointManager, parts: resume.Parts, config: TrainConfig,

@@ -121,6 +121,16 @@ class Position:
         for key in self.KEYS:
             setattr(self, key, int(state[key]))
 
+    def advance(self, batches: int) -> None:
+        """One optimizer step over `batches` global batches (--accum of them)."""
+        self.batch_in_epoch, self.step = self.batch_in_epoch + batches, self.step + 1
+
+    def label(self, epochs: int, epoch_batches: int | None, global_batch: int) -> str:
+        """The progress line's place: `epoch 3/10 [120/500]`, or a stream's batches and items."""
+        done = self.batch_in_epoch
+        where = f"{done}/{epoch_batches}" if epoch_batches else f"{done} batches, {done * global_batch:,} items"
+        return f"epoch {self.epoch + 1}/{epochs} [{where}]"
+
 
 class RNGState:
     """This process's generators (checkpoint.rng_state): saved for every rank, restored

@@ -18,6 +18,7 @@ import torch
 from .config import turn_on
 from .data import CollateFailed, batch_len, to_device
 from .errors import RankFailed, one_line
+from .parallel.watchdog import peer_lost, timed_out
 from .preflight import UNUSED_ADVICE
 
 
@@ -114,6 +115,21 @@ def step_failure(here: str, what: str, error: Exception, step: int, items: int, 
         advice = "fix loss_fn or the model for this batch" + (", then rerun with resume=True (--resume)"
                                                               if resumable else "")
     return RankFailed(f"{here}: {what} {type(error).__name__}: {text} at step {step + 1}; {advice}")
+
+
+@contextlib.contextmanager
+def step_guard(watchdog: Any, here: str, step: int, resumable: bool, what: str, batch: Any) -> Iterator[None]:
+    """A failure of the user's code inside a step: this rank's own (step_failure), unless it is
+    another rank's end showing here (a peer lost), or the user's own collective outliving
+    --timeout, which is the watchdog's verdict."""
+    try:
+        yield
+    except Exception as e:
+        if timed_out(e):
+            watchdog.collective_timed_out(e)
+        if timed_out(e) or peer_lost(e):
+            raise
+        raise step_failure(here, what, e, step, batch_len(batch), resumable) from None
 
 
 def grad_sync(ddp: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:

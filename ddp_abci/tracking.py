@@ -15,7 +15,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -230,15 +230,16 @@ class RunTrackers:
                                    "scale": scale})
 
     def after_step(self, step: int, epoch: int, result: Any, optimizer: Any, scaler: Any, clock: Clock, tally: Any,
-                   where: str) -> None:
-        """Everything a step feeds: the throughput clock, the logs, the progress line."""
+                   where: Callable[[], str]) -> None:
+        """Everything a step feeds: the throughput clock, the logs, the progress line (`where`
+        the run is, formed only when the line is due)."""
         now = time.perf_counter()
         clock.step_done(now, result.samples)
         if self.recording:  # only then: under fp16 get_scale() is a host sync
             self.step(step, epoch, result.samples, result.loss, optimizer.param_groups[0]["lr"], result.grad_norm,
                       scaler.get_scale() if scaler.is_enabled() else None)
         if self.progress_due(now):
-            self.progress(now, step, where, tally.loss_sum, clock.samples_per_s())
+            self.progress(now, step, where(), tally.loss_sum, clock.samples_per_s())
 
     def progress_due(self, now: float) -> bool:
         return self._progress is not None and self._progress.due(now)

@@ -1,29 +1,27 @@
 """The training loop: the whole DDP life cycle of one run, read top to bottom.
 
-    Trainer(...)      everything built (assembly.py), the checkpoint's parts registered, a resume loaded
-    run()             -> _train(): epochs until --epochs or --max-steps, or an agreed stop
-    _run_epoch()      the epoch's steps; the ranks agree every --stop-check-every steps and at
-                      each save point (an epoch's end, --save-every-steps/--save-every-minutes)
-    train_step()      one optimizer step over --accum micro-batches
+    Trainer(...)   everything built (assembly.py), the checkpoint's parts registered, a resume loaded
+    run()          -> _train(): epochs until --epochs or --max-steps, or an agreed stop
+    _run_epoch()   its steps; the ranks agree every --stop-check-every steps and at each save point
+    train_step()   one optimizer step over --accum micro-batches
     then the loop's collectives, in the order a run meets them
 
-The collective rule. A collective is a call every rank must make, in the same order, or the
-ranks wait for each other for ever. The Trainer's are the methods marked @collective: each
-is called on every rank unconditionally and skips itself by configuration (no --ckpt-dir,
-no --summary-json), never by rank. An `if launch.is_main:` around one of them is the classic
-DDP deadlock; here it ends the job within --timeout with a line naming each rank's step and
-collective (parallel.watchdog), not a hang.
+The collective rule: a collective is a call every rank must make, in the same order, or the
+ranks wait for each other for ever. The Trainer's wear @collective, are called on every rank
+and skip themselves by configuration (no --ckpt-dir, no --summary-json), never by rank. An
+`if launch.is_main:` around one is the classic DDP deadlock; here it ends the job within
+--timeout with a line naming each rank's step and collective (parallel.watchdog).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import socket
 from typing import Any, Callable, Mapping
 
 import torch
-from torch.utils.data import Dataset
 
 from . import checkpoint as ckpt
 from .assembly import assemble
@@ -36,30 +34,30 @@ from .model import LossFn, OptimizerFactory, unwrap
 from .parallel.collectives import all_ranks, broadcast_buffers, check_replicas_agree, print_main, rank0_decides, reduce
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest, signal_name
-from .parallel.watchdog import Watchdog, collective, peer_lost, timed_out
+from .parallel.watchdog import Watchdog, collective
 from .plan import RunPlan, plan_run
 from .precision import autocast
 from .resume import Position
 from .seed_job import SeedJob, complete
-from .steps import EpochTally, Groups, StepResult, backward_phase, grad_sync, optimizer_step, step_failure
-from .stragglers import StepClock, StragglerWatch
+from .steps import EpochTally, Groups, StepResult, backward_phase, grad_sync, optimizer_step, step_guard
+from .stragglers import StepClock
 from .streams import is_stream
-from .tracking import Clock, RunTrackers, end_of_run, epoch_line, peak_memory_mib, run_summary, write_summary
+from .tracking import Clock, end_of_run, epoch_line, peak_memory_mib, run_summary, write_summary
 
 
 class Trainer:
     def __init__(self, config: TrainConfig, launch: Launch, device: torch.device, *,
-                 model: torch.nn.Module | None = None, train_set: Dataset | None = None,
-                 eval_set: Dataset | None = None, loss_fn: LossFn | None = None,
-                 optimizer: OptimizerFactory | type | None = None, metrics: Mapping[str, MetricFn] | None = None,
-                 on_eval: Callable[[dict[str, float]], None] | None = None, collate_fn: Callable | None = None,
-                 seed_job: SeedJob | None = None, plan: RunPlan | None = None, startup: dict[str, float] | None = None,
-                 stop: StopRequest | None = None, scheduler: Callable | None = None,
-                 state: Mapping[str, Any] | None = None) -> None:
+                 model: torch.nn.Module | None = None, train_set: Any = None, eval_set: Any = None,
+                 loss_fn: LossFn | None = None, optimizer: OptimizerFactory | type | None = None,
+                 metrics: Mapping[str, MetricFn] | None = None, on_eval: Callable[[dict], None] | None = None,
+                 collate_fn: Callable | None = None, seed_job: SeedJob | None = None, plan: RunPlan | None = None,
+                 startup: dict[str, float] | None = None, stop: StopRequest | None = None,
+                 scheduler: Callable | None = None, state: Mapping[str, Any] | None = None) -> None:
         self.config, self.launch, self.device = config, launch, device
         self.plan = plan or plan_run(config, launch, device)  # fit() passes the one it checked before the group
         self.precision, self.per_rank_batch = self.plan.precision, self.plan.per_rank_batch
         self.clock, self.stop, self.host = Clock(startup), stop or StopRequest(), socket.gethostname()
+        self.here = f"rank {launch.rank} (host {self.host})"  # who a failure names
         self.position = Position()  # where the run is: the start, or (assembly.py) a resume's
         model, train_set, eval_set, loss_fn, self.job_settings = complete(model, train_set, eval_set, loss_fn,
                                                                           seed_job, config)
@@ -69,10 +67,11 @@ class Trainer:
         self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
         self.pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
         self.watchdog = Watchdog(launch, config.timeout_s, record=self._record, report_dir=config.ckpt_dir).start()
-        if config.ckpt_dir:
-            self.watchdog.checkpoint = f"no checkpoint written yet in {config.ckpt_dir}"
+        header = {"format": ckpt.FORMAT, "global_batch": config.global_batch, "world_size": launch.world_size,
+                  "train_items": None if self.stream else len(train_set),  # the keys beside the parts: checkpoint.KEYS
+                  "config": {**config.to_dict(), **self.job_settings}}
         self.checkpoints = CheckpointManager(config.ckpt_dir, launch, self.watchdog, keep=config.keep,
-                                             background=config.async_save, header=self._header)
+                                             background=config.async_save, header=lambda: header)
         self.tally, self.steps_left, self.save_due = EpochTally(device), None, False  # steps_left: a stream's end
         self.step_clock, self.stragglers, self.trackers = StepClock(self.watchdog), None, None
         self.model = self.ddp = self.optimizer = self.scheduler = self.batches = self.groups = None
@@ -84,7 +83,7 @@ class Trainer:
             self.model, self.ddp, self.batches, self.optimizer = built.model, built.ddp, built.batches, built.optimizer
             self.scaler, self.scheduler, self.total_steps = built.scaler, built.scheduler, built.total_steps
             self.save_points, self.agreement = built.save_points, built.agreement
-            self.stragglers, self.trackers = self._open_trackers()
+            self.stragglers, self.trackers = built.stragglers, built.trackers
         except BaseException:
             # Free DDP now, while the group is open: dropped later with the traceback, its
             # reducer's gloo threads deadlock on the GIL (seen as a rank hung at exit).
@@ -133,7 +132,7 @@ class Trainer:
         (the stop signal or 0, the epoch's mean loss over all ranks)."""
         stream = self.stream
         batches = self.batches.begin(self.epoch) if stream else self.batches.begin(self.epoch, self.batch_in_epoch)
-        self.groups = Groups(batches, self.config.accum, self.device, self.pin, stream=stream, here=self._here(),
+        self.groups = Groups(batches, self.config.accum, self.device, self.pin, stream=stream, here=self.here,
                              step=lambda: self.step)
         self.tally, self.steps_left, stopped_by = EpochTally(self.device), None, 0
         self.trackers.epoch_started(self.step)
@@ -160,18 +159,15 @@ class Trainer:
     def _count(self, result: StepResult, group: Any) -> None:
         """A step done: the tallies, the clocks, the logs, the stream's position."""
         self.tally.add(result)
-        self.position.batch_in_epoch += len(group.batches)
-        self.position.step += 1
+        self.position.advance(len(group.batches))
         self.watchdog.step = self.step
         self.step_clock.step_done()
         for where in group.where:
             self.batches.trained_one(where)
-        if self.steps_left is not None:
-            self.steps_left -= 1
-        where = (f"{self.batch_in_epoch}/{len(self.batches)}" if self.batches.sized else
-                 f"{self.batch_in_epoch} batches, {self.batch_in_epoch * self.config.global_batch:,} items")
+        self.steps_left = None if self.steps_left is None else self.steps_left - 1
+        cfg, epoch_batches = self.config, len(self.batches) if self.batches.sized else None
         self.trackers.after_step(self.step, self.epoch, result, self.optimizer, self.scaler, self.clock, self.tally,
-                                 f"epoch {self.epoch + 1}/{self.config.epochs} [{where}]")
+                                 lambda: self.position.label(cfg.epochs, epoch_batches, cfg.global_batch))
         self.agreement.watch(result.grad_norm, result.skipped)
 
     # Where the run is (resume.Position): epochs completed, batches of this epoch, optimizer steps.
@@ -187,8 +183,7 @@ class Trainer:
         return self.epoch >= self.config.epochs or (bool(max_steps) and self.step >= max_steps)
 
     def _at_save_point(self) -> bool:
-        """An epoch's last step, or the run's last: the ranks always agree there, so a
-        diverged state is never saved."""
+        """An epoch's last step, or the run's last: the ranks always agree there (no diverged save)."""
         return self._epoch_done() or self._finished()
 
     # -- one step --------------------------------------------------------------------------
@@ -197,17 +192,19 @@ class Trainer:
         """One optimizer step over the micro-batches (--accum of them; one by default)."""
         self.optimizer.zero_grad(set_to_none=True)
         count, loss_sum, samples = len(micro_batches), None, 0
+        guard = functools.partial(step_guard, self.watchdog, self.here, self.step, bool(self.config.ckpt_dir))
         for i, batch in enumerate(micro_batches):
             last = i == count - 1
             with grad_sync(self.ddp, last):
-                with autocast(self.precision, self.device), self.watchdog.working("loss_fn"):
-                    loss = self._guarded("loss_fn raised", batch, self.loss_fn, self.model, batch)
+                with autocast(self.precision, self.device), self.watchdog.working("loss_fn"), \
+                        guard("loss_fn raised", batch):
+                    loss = self.loss_fn(self.model, batch)
                 # / count: the accumulated gradient is that of the micro-batch losses' mean
                 # (skipped for one: x / 1 is x, and the division is an op and a backward node
                 # a step). DDP all-reduces gradient buckets during the last micro-batch's backward.
-                with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.plan.gradients):
-                    self._guarded("the backward pass failed", batch,
-                                  self.scaler.scale(loss / count if count > 1 else loss).backward)
+                with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.plan.gradients), \
+                        guard("the backward pass failed", batch):
+                    self.scaler.scale(loss / count if count > 1 else loss).backward()
             loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
             loss_sum = loss if loss_sum is None else loss_sum + loss
             samples += batch_len(batch)
@@ -220,19 +217,6 @@ class Trainer:
             self.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
         return StepResult(loss_sum / count if count > 1 else loss_sum, skipped, grad_norm,
                           samples * self.launch.world_size)
-
-    def _guarded(self, what: str, batch: Any, call: Callable, *args: Any) -> Any:
-        try:
-            return call(*args)
-        except Exception as e:
-            if timed_out(e):  # the user's own collective outlived --timeout: the watchdog's verdict
-                self.watchdog.collective_timed_out(e)
-            if timed_out(e) or peer_lost(e):
-                raise  # another rank's end: not this batch's fault
-            raise step_failure(self._here(), what, e, self.step, batch_len(batch), bool(self.config.ckpt_dir)) from None
-
-    def _here(self) -> str:
-        return f"rank {self.launch.rank} (host {self.host})"
 
     # -- the loop's collectives, in the order a run meets them -----------------------------
 
@@ -318,14 +302,14 @@ class Trainer:
         """Collective (skipped without --summary-json): every rank's peak memory, written by rank 0."""
         if not self.config.summary_json:
             return
-        peak, kind = peak_memory_mib(self.device)
+        (peak, kind), cfg = peak_memory_mib(self.device), self.config
         peaks = all_ranks(peak)
         if self.launch.is_main:
-            write_summary(self.config.summary_json, run_summary(
-                self.launch.world_size, self.config.global_batch, self.precision, self.step, last_loss, self.clock,
-                peaks, kind, signal_name(stopped_by) if stopped_by else None, self.device,
+            write_summary(cfg.summary_json, run_summary(
+                self.launch.world_size, cfg.global_batch, self.precision, self.step, last_loss, self.clock, peaks,
+                kind, signal_name(stopped_by) if stopped_by else None, self.device,
                 checkpoints_saved=self.checkpoints.saved, checkpoint_stall_s=self.checkpoints.stall_s,
-                stragglers=self.stragglers.summary() if self.stragglers else None))
+                stragglers=self.stragglers and self.stragglers.summary()))
 
     @collective("model save")
     def _save_model(self) -> None:
@@ -336,27 +320,12 @@ class Trainer:
                 rank0_decides(self.launch, lambda: ckpt.save_weights(unwrap(self.model), self.config.save_model),
                               SaveFailed)
 
-    @collective("opening the logs")
-    def _open_trackers(self) -> tuple[StragglerWatch | None, RunTrackers]:
-        """Collective: every rank's host (the straggler report names them); rank 0 opens the
-        logs, and a failure there stops every rank."""
-        hosts = all_ranks(self.host) if self.config.straggler_threshold else []
-        watch = StragglerWatch(self.config.straggler_threshold, hosts, self.config.log_every_s,
-                               self.config.ckpt_dir) if hosts and self.launch.is_main else None
-        return watch, RunTrackers(self.config, self.launch, self.step, self.total_steps, self.agreement.deadline)
-
     # -- the run's records ----------------------------------------------------------------
 
     def _record(self, status: int, line: str) -> None:
         if self.config.ckpt_dir:
             ckpt.write_status(self.config.ckpt_dir, status, finished=status == 0 and self._finished(), step=self.step,
                               line=line, rank=self.launch.rank, host=self.host)
-
-    def _header(self) -> dict:
-        """The keys that describe the run, beside its parts (checkpoint.KEYS)."""
-        return {"format": ckpt.FORMAT, "global_batch": self.config.global_batch, "world_size": self.launch.world_size,
-                "train_items": len(self.train_set) if self.batches.sized and not self.stream else None,
-                "config": {**self.config.to_dict(), **self.job_settings}}
 
     # -- life cycle: `with Trainer(...) as trainer:` frees what holds the process group ------
 

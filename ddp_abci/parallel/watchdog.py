@@ -123,7 +123,8 @@ class Watchdog:
         self.step = 0
         self.waited_s = 0.0  # seconds spent in collectives so far (the straggler clock leaves them out)
         self.stack: list[tuple[str, bool, float]] = [("starting up", False, time.monotonic())]
-        self.checkpoint = "no checkpoint was written (no --ckpt-dir)"
+        self.checkpoint = (f"no checkpoint written yet in {report_dir}" if report_dir else
+                           "no checkpoint was written (no --ckpt-dir)")
         self.host = socket.gethostname()
         # Heartbeats every 1/8 of the timeout (at most 5 s): from a quarter of the timeout on,
         # a waiting rank reads everyone's at least 5 times before it decides.
