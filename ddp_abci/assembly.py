@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from . import checkpoint as ckpt
 from . import preflight, resume
@@ -26,6 +27,7 @@ from .data import EpochBatches, build_loader
 from .errors import UsageError
 from .model import compile_model, make_optimizer, seed_optimizer, wrap_model
 from .parallel.collectives import all_ranks, print_main
+from .parallel.gradients import GradientPath, measure_and_choose
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest
 from .parallel.stopping import StopAgreement
@@ -43,6 +45,7 @@ from .tracking import RunTrackers
 class Assembly:
     model: torch.nn.Module            # what the loop calls: DDP-wrapped (and compiled) on several ranks
     ddp: torch.nn.Module              # DDP itself (no_sync), or the bare model on one rank
+    gradients: GradientPath           # the gradient all-reduce's path (its hook, the control all-reduce)
     batches: Any                      # data.EpochBatches (a map-style set) or streams.Stream
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
@@ -71,6 +74,7 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
         ckpt.check_model_shape(snapshot, model, resumed_from)
         model.load_state_dict(snapshot["model"])  # before DDP: it broadcasts rank 0's weights
     model = model.to(device)
+    gradients = _gradient_path(plan, launch, device, model, watchdog)
     with watchdog.waiting("preflight: the dry run's verdict"):
         with watchdog.working("the dry run of loss_fn"):
             error = preflight.dry_run(model, train_set, loss_fn, plan.precision, device, plan.per_rank_batch,
@@ -85,7 +89,7 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
     ddp = wrap_model(model, device, launch.world_size, find_unused_parameters=config.find_unused_parameters)
     startup["ddp_unix"] = time.time()
     if launch.world_size > 1:
-        plan.gradients.register(ddp, watchdog)
+        gradients.register(ddp, watchdog)
     # torch.compile last, over the DDP-wrapped model, as Accelerate's prepare does: Dynamo's
     # DDPOptimizer then breaks the graph at DDP's bucket boundaries and the all-reduce still
     # overlaps backward; compiled first, one fused backward makes every gradient ready at
@@ -109,14 +113,31 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
     save_points = SavePoints(config.save_every_steps, config.save_every_minutes, config.mtbf_hours,
                              bool(config.ckpt_dir), size / ASSUMED_COPY_BYTES_PER_S)
     fp16 = plan.precision == "fp16"  # there GradScaler skips inf/nan steps by design: count them instead
-    agreement = StopAgreement(stop, config.stop_check_every, plan.gradients, device, launch.rank, launch.world_size,
+    agreement = StopAgreement(stop, config.stop_check_every, gradients, device, launch.rank, launch.world_size,
                               guard_finite=not fp16, max_fp16_skips=config.max_skipped_steps if fp16 else 0,
                               stop_after_s=config.stop_after_s, expected_save_s=size / 100e6, step=position.step)
     checkpoints.on_written = agreement.saved
     with watchdog.waiting("opening the logs"):
         stragglers, trackers = _trackers(config, launch, position.step, total, agreement.deadline)
-    return Assembly(wrapped, ddp, batches, built, scaler, schedule, total, save_points, agreement, stragglers,
-                    trackers)
+    return Assembly(wrapped, ddp, gradients, batches, built, scaler, schedule, total, save_points, agreement,
+                    stragglers, trackers)
+
+
+def _gradient_path(plan: RunPlan, launch: Launch, device: torch.device, model: torch.nn.Module,
+                   watchdog: Any) -> GradientPath:
+    """The gradient all-reduce's path (measured, where --comm auto leaves MPI or gloo open),
+    and the run's first line, which names it."""
+    gradients, measured = plan.gradients(), ""
+    if gradients is None:
+        gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        gradients, measured = measure_and_choose(gradient_bytes, watchdog)
+    backend = dist.get_backend() if dist.is_initialized() else "none"
+    print_main(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), backend "
+                       f"{backend}, gradients via {gradients.name}, device {device}, rendezvous "
+                       f"{launch.master_addr}:{launch.master_port} (from {launch.source})")
+    if measured:
+        print_main(launch, measured)
+    return gradients
 
 
 def _trackers(config: TrainConfig, launch: Launch, step: int, total: int | None,

@@ -85,7 +85,6 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, parts: 
         import torch._dynamo  # noqa: F401  DDP's and torch.optim's constructors load it anyway
         import torch.distributed as dist
 
-        from .parallel.collectives import print_main
         from .parallel.launch import discover_launch
         from .parallel.process_group import choose_device, distributed
         from .parallel.watchdog import end_job, peer_lost
@@ -100,10 +99,7 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, parts: 
     startup["launch_unix"] = time.time()
     plan = plan_run(config, launch, choose_device(launch))  # every choice checked before the group opens
     with distributed(launch, timeout_s=config.timeout_s) as device:
-        startup["group_unix"] = time.time()
-        print_main(launch, f"ddp_abci: world size {launch.world_size} (local {launch.local_world_size}), "
-                           f"backend {dist.get_backend()}, gradients via {plan.comm}, device {device}, "
-                           f"rendezvous {launch.master_addr}:{launch.master_port} (from {launch.source})")
+        startup["group_unix"] = time.time()  # the run's first line comes once its gradient path is known (assembly.py)
         try:
             # The Trainer holds DDP, which holds the group: `with` frees it before the group closes.
             with Trainer(config, launch, device, plan=plan, startup=startup, stop=stop, **parts) as trainer:

@@ -19,13 +19,13 @@ from .precision import resolve_precision
 class RunPlan:
     device: torch.device   # cuda:<local rank>, or the CPU
     precision: str         # "no" (fp32), "fp16" or "bf16": --amp auto resolved
-    comm: str              # the gradient all-reduce: nccl, mpi or gloo
+    comm: str              # the gradient all-reduce: nccl, mpi, gloo, or "measure" (MPI or gloo, by measurement)
     per_rank_batch: int    # --bs split over the ranks
 
-    @property
-    def gradients(self) -> GradientPath:
-        """The chosen path as the loop uses it: DDP's hook and the control all-reduce."""
-        return gradient_path(self.comm)
+    def gradients(self) -> GradientPath | None:
+        """The chosen path as the loop uses it (DDP's hook, the control all-reduce); None
+        while it is to be measured (parallel/gradients.measure_and_choose)."""
+        return None if self.comm == "measure" else gradient_path(self.comm)
 
 
 def plan_run(config: TrainConfig, launch: Launch, device: torch.device) -> RunPlan:
@@ -41,12 +41,13 @@ def plan_run(config: TrainConfig, launch: Launch, device: torch.device) -> RunPl
 
 
 def resolve_comm(comm: str, launch: Launch, device: torch.device) -> str:
-    """auto: NCCL on GPUs; MPI on the CPU when MPI joins the ranks (mpirun with mpi4py); else gloo."""
+    """auto: NCCL on GPUs; on the CPU, gloo, or when MPI joins the ranks too (mpirun with
+    mpi4py), "measure": MPI or gloo, whichever all-reduces the model's gradient faster."""
     check_choice(name("comm"), comm, COMM_CHOICES)
     if comm == "auto":
         if device.type == "cuda":
             return "nccl"
-        return "mpi" if launch.mpi and launch.world_size > 1 else "gloo"
+        return "measure" if launch.mpi and launch.world_size > 1 else "gloo"
     if comm == "mpi" and (device.type != "cpu" or not launch.mpi):
         raise UsageError(f"{name('comm')} mpi needs a CPU job started by mpirun with mpi4py; use comm='auto'")
     if comm == "nccl" and device.type != "cuda":

@@ -114,7 +114,7 @@ def peak_memory_mib(device) -> tuple[float, str]:
 def run_summary(world_size: int, global_batch: int, precision: str, steps: int, final_loss: float, clock: Clock,
                 peaks: list[float], memory_kind: str, stopped_by: str | None, device: Any, **more: Any) -> dict:
     """The summary's keys (the benchmark reads them); `more` adds the trainer's own
-    (checkpoints_saved, checkpoint_stall_s, stragglers)."""
+    (checkpoints_saved, checkpoint_stall_s, stragglers, gradients: the path chosen)."""
     return {**more,
         "side": "raw", "world_size": world_size, "global_batch": global_batch,
         "precision": precision, "steps": steps, "final_loss": final_loss,

@@ -74,16 +74,16 @@ class Trainer:
                                              background=config.async_save, header=lambda: header)
         self.tally, self.steps_left, self.save_due = EpochTally(device), None, False  # steps_left: a stream's end
         self.step_clock, self.stragglers, self.trackers = StepClock(self.watchdog), None, None
-        self.model = self.ddp = self.optimizer = self.scheduler = self.batches = self.groups = None
+        self.model = self.ddp = self.gradients = self.optimizer = self.scheduler = self.batches = self.groups = None
         try:
             built = assemble(config, launch, device, self.plan, self.watchdog, self.checkpoints, self.stop,
                              self.position, model=model, train_set=train_set, eval_set=eval_set, loss_fn=loss_fn,
                              optimizer=optimizer, scheduler=scheduler, collate_fn=collate_fn, state=dict(state or {}),
                              eval_metrics=self.eval_metrics if self.eval_every else {}, startup=self.clock.startup)
-            self.model, self.ddp, self.batches, self.optimizer = built.model, built.ddp, built.batches, built.optimizer
-            self.scaler, self.scheduler, self.total_steps = built.scaler, built.scheduler, built.total_steps
-            self.save_points, self.agreement = built.save_points, built.agreement
-            self.stragglers, self.trackers = built.stragglers, built.trackers
+            self.model, self.ddp, self.gradients, self.batches = built.model, built.ddp, built.gradients, built.batches
+            self.optimizer, self.scaler, self.scheduler = built.optimizer, built.scaler, built.scheduler
+            self.save_points, self.agreement, self.stragglers, self.trackers = (built.save_points, built.agreement,
+                                                                                built.stragglers, built.trackers)
         except BaseException:
             # Free DDP now, while the group is open: dropped later with the traceback, its
             # reducer's gloo threads deadlock on the GIL (seen as a rank hung at exit).
@@ -202,7 +202,7 @@ class Trainer:
                 # / count: the accumulated gradient is that of the micro-batch losses' mean
                 # (skipped for one: x / 1 is x, and the division is an op and a backward node
                 # a step). DDP all-reduces gradient buckets during the last micro-batch's backward.
-                with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.plan.gradients), \
+                with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.gradients), \
                         guard("the backward pass failed", batch):
                     self.scaler.scale(loss / count if count > 1 else loss).backward()
             loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
@@ -309,7 +309,7 @@ class Trainer:
                 self.launch.world_size, cfg.global_batch, self.precision, self.step, last_loss, self.clock, peaks,
                 kind, signal_name(stopped_by) if stopped_by else None, self.device,
                 checkpoints_saved=self.checkpoints.saved, checkpoint_stall_s=self.checkpoints.stall_s,
-                stragglers=self.stragglers and self.stragglers.summary()))
+                stragglers=self.stragglers and self.stragglers.summary(), gradients=self.gradients.name))
 
     @collective("model save")
     def _save_model(self) -> None:

@@ -1,7 +1,9 @@
 """The Accelerate variant really trains distributed, and the benchmark reports every side it ran:
 raw, Accelerate, Fabric, the textbook script, and where raw's lead over the textbook comes from."""
 import json
+import os
 import re
+import subprocess
 
 import pytest
 import torch
@@ -210,3 +212,35 @@ def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks(mpirun):
     assert both.returncode == 0, both.stdout
     times = json.loads(both.stdout.splitlines()[-1])
     assert times["world_size"] == 2 and times["gloo_ms"] > 0 and times["mpi_ms"] > 0
+
+
+def test_sizes_report_each_model_size_with_its_sides_and_ratios(tmp_path, mpirun):
+    proc, report = _bench(tmp_path, "--sizes", "200x20,400x40", "--max-steps", "30", sides="raw,textbook")
+    assert proc.returncode == 0, proc.stdout
+    sizes = report["sizes"]
+    assert [(e["dim_in"], e["dim_hidden"], e["parameters"]) for e in sizes] == [(200, 20, 8220), (400, 40, 32440)]
+    for entry in sizes:
+        assert set(entry["sides"]) == {"raw", "textbook"} and entry["sides"]["raw"]["samples_per_s"] > 0
+        assert entry["ratios"]["throughput raw / textbook"] > 0
+    assert (tmp_path / "bench-sizes.png").exists()
+
+
+def _network_devices() -> set[str]:
+    names = subprocess.run(["ip", "-o", "link"], stdout=subprocess.PIPE, text=True).stdout
+    spaces = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
+    return {line.split(":")[1].strip() for line in names.splitlines()} | set(spaces.split())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and tc need root")
+def test_a_link_run_measures_each_gradient_path_across_shaped_hosts_and_leaves_nothing_behind(tmp_path, mpirun):
+    before = _network_devices()
+    proc, report = _bench(tmp_path, "--link", "100mbit", "--max-steps", "30", sides="raw,textbook")
+    assert proc.returncode == 0, proc.stdout
+    link = report["link"]
+    assert link["rate"] == "100mbit" and set(link["sides"]) == {"raw", "textbook", "raw mpi", "raw gloo"}
+    assert set(link["overlap"]) == {"raw", "raw mpi", "raw gloo"}
+    assert link["allreduce_alone"]["mpi_ms"] > 0 and link["allreduce_alone"]["gloo_ms"] > 0
+    # --comm auto measured both paths across the link and took gloo's ring: Open MPI's
+    # all-reduce of these 0.8 MB took twice as long over TCP (docs/benchmark.md).
+    assert link["raw_chose"] == ["gloo"]
+    assert _network_devices() == before  # the namespaces, veths and tc rules are gone

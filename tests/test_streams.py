@@ -148,3 +148,15 @@ def test_a_mid_epoch_stream_position_for_another_world_size_is_refused_in_one_li
         stream.load_state_dict({"epoch": 0, "trained": 3, "workers": {}, "turn": 0, "world_size": 2,
                                 "worker_count": 1})
     stream.load_state_dict({"epoch": 1, "trained": 0, "workers": {}, "turn": 0, "world_size": 2, "worker_count": 1})
+
+
+def test_the_shards_example_trains_on_files_it_writes_and_resumes_where_it_stopped(tmp_path):
+    shards, ck = tmp_path / "shards", tmp_path / "ck"
+    first = run(on_ranks(2, "-m", "ddp_abci.examples.shards", "--epochs", "2", "--max-steps", "100", "--workers", "2",
+                         "--ckpt-dir", str(ck), "--shards", str(shards)), timeout=120)
+    assert first.returncode == 0 and "done: 100 steps" in first.stdout, first.stdout
+    assert len(list(shards.glob("shard-*.jsonl"))) == 16
+    again = run(on_ranks(2, "-m", "ddp_abci.examples.shards", "--epochs", "2", "--workers", "2", "--ckpt-dir",
+                         str(ck), "--shards", str(shards), "--resume"), timeout=120)
+    assert again.returncode == 0 and "resume:" in again.stdout and "step 100" in again.stdout, again.stdout
+    assert "done: 248 steps" in again.stdout, again.stdout

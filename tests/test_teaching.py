@@ -386,7 +386,8 @@ def test_a_short_last_accumulation_group(make):
 
 def test_gradients_through_mpi_instead_of_gloo():
     mpi = Launch(0, 2, 0, 2, "x", 1, "mpi4py", mpi=True)
-    assert resolve_comm("auto", mpi, CPU) == "mpi" and resolve_comm("gloo", mpi, CPU) == "gloo"  # --comm gloo
+    assert resolve_comm("mpi", mpi, CPU) == "mpi" and resolve_comm("gloo", mpi, CPU) == "gloo"  # --comm mpi, gloo
+    assert resolve_comm("auto", mpi, CPU) == "measure"  # the faster of the two for the model, measured at the start
 
 
 def test_the_fused_adam():

@@ -2,10 +2,11 @@
 
 Two hosts on this machine (network namespaces, netlab.py), one rank each, the second host's
 link shaped by tc (a rate, and a delay each way). Every side of --sides runs across them (fresh
-mpiruns, alternating, as the main benchmark), and the raw trainer once more through gloo, so
-that both gradient paths are measured: the MPI hook and gloo's all-reduce. JSON key `link`.
+mpiruns, alternating, as the main benchmark); `raw` with its default --comm auto, which measures
+both gradient paths at its start and takes the faster, and the raw trainer twice more, forced
+through each path: `raw mpi` (the MPI hook) and `raw gloo`. JSON key `link`.
 
-How much of the all-reduce backward hides, per raw path: overlap = 1 - exposed / alone, where
+How much of the all-reduce backward hides, per raw run: overlap = 1 - exposed / alone, where
 `exposed` is the part of a step that is not this rank's compute (the step's time less the
 straggler clock's compute median, which leaves out the waits) and `alone` the all-reduce of
 the gradients by itself across the same link (probes.py allreduce). 0: all of it waited for.
@@ -34,26 +35,28 @@ def run_link(args: argparse.Namespace, sides: list[str], run_side, summarise, ra
                           "ppr:1:node", "--bind-to", "none", "-x", "PATH", "-x", "OMP_NUM_THREADS=1"]
         at.wrap = lambda cmd: lab.as_host("hosta", cmd)
         named = [s for s in sides if s != "raw1"]
-        runs: dict[str, list[dict]] = {s: [] for s in [*named, "raw gloo"]}
+        forced = {"raw mpi": ("--comm", "mpi"), "raw gloo": ("--comm", "gloo")}
+        everyone = [*named, *forced]
+        runs: dict[str, list[dict]] = {s: [] for s in everyone}
         for round_ in range(args.rounds):
-            order = [*named, "raw gloo"] if round_ % 2 == 0 else ["raw gloo", *reversed(named)]
-            for side in order:
-                extra = ("--comm", "gloo") if side == "raw gloo" else ()
-                runs[side].append(run_side("raw" if side == "raw gloo" else side, at, Path(tmp), round_, extra))
+            for side in everyone if round_ % 2 == 0 else reversed(everyone):
+                runs[side].append(run_side("raw" if side in forced else side, at, Path(tmp), round_,
+                                           forced.get(side, ())))
         alone = probe(at.wrap([*mpirun_prefix(at, 2), sys.executable, "-m", "ddp_abci.compare.probes", "allreduce",
                                "--iters", "10", "--dim-in", str(args.dim_in), "--dim-hidden", str(args.dim_hidden)]),
                       args.timeout)
     results = {side: summarise(r) for side, r in runs.items()}
     shown = {k: v for k, v in ratios(results).items() if k.startswith("throughput")}
-    gloo = results.get("raw gloo", {})
-    if "samples_per_s" in gloo and "samples_per_s" in results.get("raw", {}):
-        shown["throughput raw (MPI hook) / raw through gloo"] = results["raw"]["samples_per_s"] / gloo["samples_per_s"]
-    overlap = {"raw": _overlap(runs["raw"], alone.get("mpi_ms")),
-               "raw gloo": _overlap(runs["raw gloo"], alone.get("gloo_ms"))}
+    gloo, mpi = results.get("raw gloo", {}), results.get("raw mpi", {})
+    if "samples_per_s" in gloo and "samples_per_s" in mpi:
+        shown["throughput raw (MPI hook) / raw through gloo"] = mpi["samples_per_s"] / gloo["samples_per_s"]
+    chosen = [r.get("gradients") for r in runs.get("raw", []) if not r.get("failed")]
+    overlap = {side: _overlap(runs[side], alone.get(f"{path}_ms"))
+               for side, path in (("raw", chosen[0] if chosen else None), ("raw mpi", "mpi"), ("raw gloo", "gloo"))}
     print(f"link {args.link}: " + ", ".join(f"{k} {v:.2f}" for k, v in shown.items() if v is not None)
           + f"; overlap {overlap}", flush=True)
     return {"rate": rate, "delay": delay or None, "sides": results, "ratios": shown, "allreduce_alone": alone,
-            "overlap": overlap}
+            "overlap": overlap, "raw_chose": chosen}
 
 
 def _overlap(runs: list[dict], alone_ms: float | None) -> dict | None:

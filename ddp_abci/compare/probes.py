@@ -50,6 +50,8 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> 
 
     import torch
 
+    from ..model import build_model
+    from ..parallel.gradients import measure_and_choose
     from ..parallel.launch import discover_launch
     from ..parallel.process_group import distributed
     from ..plan import resolve_comm
@@ -59,6 +61,8 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> 
         if threads:
             torch.set_num_threads(threads)
         comm = resolve_comm("auto", launch, device)
+        if comm == "measure":  # as the trainer chooses: by measuring the seed model's gradient
+            comm = measure_and_choose(4 * sum(p.numel() for p in build_model(0).parameters()))[0].name
         result = _floor_loop(launch, global_batch, steps, amp, device, lockstep=False, comm=comm)
         gc.collect()  # DDP's reducer sits in reference cycles: free it while the group is open
     return dict(result, comm=comm)

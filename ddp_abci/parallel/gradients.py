@@ -1,14 +1,18 @@
 """The paths the gradient all-reduce can take, one object each: what DDP is given (a
 communication hook, or none), and how the trainer's small control all-reduce goes the same
-way. plan.resolve_comm chooses the path by name; the loop only asks the object.
+way. plan.resolve_comm chooses the path by name, or leaves the CPU's choice between MPI and
+gloo to measure_and_choose, once the model's size is known; the loop only asks the object.
 
     nccl   GPUs: DDP's own all-reduce over NCCL
-    gloo   the CPU without MPI: torch's allreduce hook over gloo, timed
+    gloo   the CPU: torch's allreduce hook over gloo, timed
     mpi    the CPU under mpirun with mpi4py: each bucket through MPI (mpi_hook.py)
 """
 # No `from __future__ import annotations` here: DDP checks a hook's annotations as objects.
+import math
 import time
+from contextlib import nullcontext
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -81,3 +85,39 @@ class MPIGradients(GradientPath):
 def gradient_path(name: str) -> "GradientPath":
     """The path object for resolve_comm's choice."""
     return {"mpi": MPIGradients, "gloo": GlooGradients}.get(name, GradientPath)(name)
+
+
+# DDP's largest gradient bucket (bucket_cap_mb's default): the biggest all-reduce a step makes.
+BUCKET_BYTES = 25 * 2**20
+
+
+def measure_and_choose(gradient_bytes: int, watchdog: object = None) -> tuple[GradientPath, str]:
+    """--comm auto on the CPU under mpirun: MPI's all-reduce or gloo's, whichever is faster
+    for this model's gradient over these ranks' links, and the line that says so. Neither
+    wins everywhere (measured, docs/benchmark.md): on one host Open MPI's shared memory beats
+    gloo's loopback TCP; across a 100 Mbit/s link gloo's ring all-reduce took half Open MPI's
+    time. Every rank takes the same verdict: the times' maximum over the ranks."""
+    from mpi4py import MPI  # noqa: PLC0415  (only under mpirun: importing it starts MPI)
+
+    nbytes = max(4, min(gradient_bytes, BUCKET_BYTES))
+    buffer = torch.zeros(nbytes // 4)
+    comm = MPI.COMM_WORLD
+    timed = watchdog.waiting("measuring the gradient all-reduce, MPI against gloo") if watchdog else nullcontext()
+    with timed:
+        times = np.array([_best_of(lambda: comm.Allreduce(MPI.IN_PLACE, buffer.numpy(), op=MPI.SUM)),
+                          _best_of(lambda: dist.all_reduce(buffer))])
+        comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    name = "mpi" if times[0] <= times[1] else "gloo"
+    return gradient_path(name), (f"gradients: an all-reduce of {nbytes / 1e6:.2f} MB took {times[0] * 1e3:.2f} ms "
+                                 f"through MPI, {times[1] * 1e3:.2f} ms through gloo: via {name} (--comm auto)")
+
+
+def _best_of(call, tries: int = 3) -> float:
+    """The fastest of `tries` timed calls, after one untimed (connections, buffers)."""
+    call()
+    best = math.inf
+    for _ in range(tries):
+        began = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - began)
+    return best
