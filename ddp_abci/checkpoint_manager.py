@@ -133,15 +133,18 @@ class CheckpointManager:
         self._pending = (step, stall, size)
         self.stall_s, self.last_stall_s = self.stall_s + stall, stall
         if not self.background:
-            self.finish()
+            self.finish(stalls=True)
 
-    def finish(self) -> None:
-        """Collective: wait for the write in flight and share its verdict (the end of a run, a stop)."""
+    def finish(self, *, stalls: bool = False) -> None:
+        """Collective: wait for the write in flight and share its verdict. `stalls`: the loop
+        waits for it (--no-async-save); at the end of a run or a stop only the exit does, and
+        that is no stall of training."""
         if not self.enabled:
             return
         began = time.monotonic()
         error = all_ranks(self._previous_verdict())[0]
-        self.stall_s += time.monotonic() - began
+        if stalls:
+            self.stall_s += time.monotonic() - began
         if error:
             raise SaveFailed(error)
         self._confirm()

@@ -175,7 +175,7 @@ if [ -n "${DRY_RUN:-}" ]; then
     settings "$@"
 elif [ "$chain" != 1 ]; then
     printf '%s\n' "${ids[@]}" >"$SUBMIT_DIR/$chain_id.jobs"  # the jobs read it: a slow host left out of the next
-    cancel=qdel
+    cancel="qdel"
     [ "$site" = slurm ] && cancel=scancel
     # On stderr: stdout is the job ids alone, for the tools that read them.
     echo "submit.sh: a chain of $chain jobs, listed in $SUBMIT_DIR/$chain_id.jobs; to cancel them all:" \

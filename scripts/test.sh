@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv, lint the tree with ruff ([tool.ruff] in pyproject.toml), then run the tests.
-#   bash scripts/test.sh           the full suite (what .ci/run runs)
-#   bash scripts/test.sh --quick   the tests that start no mpirun, namespace or scheduler
+#   scripts/test.sh           the full suite (what .ci/run runs)
+#   scripts/test.sh --quick   the tests that start no mpirun, namespace or scheduler
 #                                  (tests/conftest.py marks the others from their fixtures)
 # Other arguments go to pytest. pytest's exit 5 ("no tests collected") fails too.
 # DRY_RUN=1 prints the commands instead of running them.

@@ -18,6 +18,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from ddp_abci.compare.netlab import attach_host
 from helpers import kill_in_netns, sh, stop_by_pid
 
 NET, BRIDGE_ADDR = "10.78.0.0/24", "10.78.0.254"
@@ -57,15 +58,9 @@ class SlurmLab:
         sh("ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
         for node, addr in NODES.items():
-            ns, inside, outside = self.ns[node], f"dsi{self.tag}{node}", f"dso{self.tag}{node}"
-            sh("ip", "netns", "add", ns)
-            self.made_ns.append(ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", ns)
-            sh("ip", "link", "set", outside, "master", self.bridge)
-            sh("ip", "link", "set", outside, "up")
-            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", inside)
-            sh("ip", "-n", ns, "link", "set", inside, "up")
+            ns = self.ns[node]
+            self.made_ns.append(ns)  # first: the stop removes one made half-way
+            attach_host(ns, self.bridge, f"dsi{self.tag}{node}", f"dso{self.tag}{node}", addr)
 
     def _hosts_file(self, add: bool) -> None:
         # mpirun inside a job reaches the other node by the name Slurm gives it.

@@ -240,7 +240,7 @@ def test_a_link_run_measures_each_gradient_path_across_shaped_hosts_and_leaves_n
     assert link["rate"] == "100mbit" and set(link["sides"]) == {"raw", "textbook", "raw mpi", "raw gloo"}
     assert set(link["overlap"]) == {"raw", "raw mpi", "raw gloo"}
     assert link["allreduce_alone"]["mpi_ms"] > 0 and link["allreduce_alone"]["gloo_ms"] > 0
-    # --comm auto measured both paths across the link and took gloo's ring: Open MPI's
+    # --comm auto measured both paths across the link and took gloo: Open MPI's
     # all-reduce of these 0.8 MB took twice as long over TCP (docs/benchmark.md).
     assert link["raw_chose"] == ["gloo"]
     assert _network_devices() == before  # the namespaces, veths and tc rules are gone

@@ -366,3 +366,13 @@ def test_eight_ranks_on_a_node_train_with_the_documented_defaults(localhost, mpi
     assert proc.returncode == 0, proc.stdout
     assert "world size 8" in proc.stdout and "global batch 256 (32 per rank)" in proc.stdout
     assert "done: 8 steps" in proc.stdout
+
+
+def test_on_gpus_the_nccl_flight_recorder_dumps_into_the_checkpoint_folder(localhost, tmp_path):
+    ck = tmp_path / "ck"
+    gpus = _dry_run(localhost, tmp_path, PATH=_node(tmp_path, 2, 48, 2, 8), NPROC_PER_NODE="8", CKPT_DIR=str(ck))
+    for var in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"):
+        assert f"-x {var} " in gpus, gpus
+    assert not ck.exists()  # a dry run writes nothing
+    cpus = _dry_run(localhost, tmp_path, CKPT_DIR=str(ck))
+    assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in cpus

@@ -108,3 +108,19 @@ def test_metrics_and_summary_write_failures_warn_once_and_training_goes_on(tmp_p
     assert "done: 16 steps" in proc.stdout and "Traceback" not in proc.stdout
     assert load(tmp_path / "last.pt")["step"] == 16
     assert time.monotonic() - started < 60
+
+
+def test_the_benchmarks_slow_disk_throttles_its_groups_writes_and_leaves_nothing_behind(tmp_path):
+    from ddp_abci.compare.slowdisk import BLKIO, SlowDisk
+
+    if not (BLKIO / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 blkio controller here")
+    with SlowDisk(tmp_path, megabytes_per_s=20, size_mb=200) as disk:
+        write = ["dd", "if=/dev/zero", f"of={disk.mount}/x", "bs=1M", "count=40", "conv=fsync"]
+        began = time.monotonic()
+        subprocess.run(disk.throttled(write), check=True, capture_output=True)
+        throttled = time.monotonic() - began
+        group, device = disk.group, disk.device
+    assert throttled >= 1.5  # 40 MB at 20 MB/s: 2 s, were it not throttled a fraction of that
+    assert not group.exists() and not disk.mount.is_mount() and not (tmp_path / "slowdisk.img").exists()
+    assert device not in subprocess.run(["losetup", "-a"], stdout=subprocess.PIPE, text=True).stdout

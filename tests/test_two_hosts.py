@@ -73,7 +73,10 @@ class TwoHosts:
                 "--prtemca", "oob_tcp_if_include", NET, "-x", "PATH", "-x", "OMP_NUM_THREADS=1"]
 
     def _as_host_a(self, cmd: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", self.ns["hosta"], "unshare", "--uts", "sh", "-c", 'hostname hosta; exec "$@"',
+        return self.as_host("hosta", cmd)
+
+    def as_host(self, host: str, cmd: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.ns[host], "unshare", "--uts", "sh", "-c", f'hostname {host}; exec "$@"',
                 "sh", *cmd]
 
     def on_host_a(self, cmd: list[str], timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
@@ -141,6 +144,23 @@ def test_a_named_interface_gives_rank_0s_address(two_hosts):
     proc = two_hosts.mpirun(*SMALL, "--interface", two_hosts.iface_a)
     assert proc.returncode == 0, proc.stdout
     assert f"rendezvous {A}:" in proc.stdout
+
+
+def test_without_mpi4py_a_named_interface_gives_every_rank_rank_0s_address(two_hosts):
+    # torchrun's way: each host starts its rank with RANK, WORLD_SIZE, MASTER_ADDR and
+    # MASTER_PORT, no mpirun. Each rank is told its own host's interface, as a cluster whose
+    # nodes all call it bond0 does; only rank 0's is the rendezvous address, and rank 1 learns
+    # it from rank 0 (taking its own, 10.77.0.2, was the bug).
+    port = "29517"  # host A's network namespace is this module's own: nothing else listens there
+    procs = [subprocess.Popen(two_hosts.as_host(host, [PYTHON, "-m", "ddp_abci.train", *SMALL, "--interface", iface]),
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                                      MASTER_ADDR="hosta", MASTER_PORT=port))
+             for rank, (host, iface) in enumerate((("hosta", two_hosts.iface_a), ("hostb", two_hosts.iface_b)))]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    assert f"rendezvous {A}:{port} (from torchrun)" in outputs[0], outputs[0]
+    assert "replicas agree: identical weights on all 2 ranks" in outputs[0]
 
 
 def test_a_master_address_host_b_cannot_reach_fails_within_the_timeout_naming_it(two_hosts):

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from .lab import Lab
+
 SUBNET_PREFIX = "10.79"
 
 
@@ -31,7 +33,7 @@ def sh(*cmd: str) -> str:
     return done.stdout
 
 
-class NetLab:
+class NetLab(Lab):
     def __init__(self, hosts: Sequence[str], workdir: Path, *, read_only: dict[str, str] | None = None) -> None:
         """`read_only`: host -> a folder that host sees read-only (a mount namespace of its own)."""
         if os.geteuid() != 0:
@@ -47,34 +49,17 @@ class NetLab:
         self.agent = self.workdir / f"agent-{self.tag}"
         self.made: list[str] = []
 
-    def __enter__(self) -> "NetLab":
-        try:
-            self.up()
-        except BaseException:
-            self.down()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.down()
-
     def up(self) -> None:
         sh("ip", "link", "add", self.bridge, "type", "bridge")
         self.made.append(f"link:{self.bridge}")
         sh("ip", "link", "set", self.bridge, "up")
         hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {h}\n::ffff:{a} {h}\n" for h, a in self.addr.items())
         for host in self.hosts:
-            ns, inside, outside = self.ns[host], f"dni{self.tag}{self.hosts.index(host)}", self.veth[host]
-            sh("ip", "netns", "add", ns)
-            self.made.append(f"ns:{ns}")
+            ns = self.ns[host]
+            self.made.append(f"ns:{ns}")  # first: down() also removes one made half-way
+            attach_host(ns, self.bridge, f"dni{self.tag}{self.hosts.index(host)}", self.veth[host], self.addr[host])
             Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
             Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)  # names resolve inside (ip netns exec binds it)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", ns)
-            sh("ip", "link", "set", outside, "master", self.bridge)
-            sh("ip", "link", "set", outside, "up")
-            sh("ip", "-n", ns, "addr", "add", f"{self.addr[host]}/24", "dev", inside)
-            sh("ip", "-n", ns, "link", "set", inside, "up")
             # A cut or slow link: TCP gives up on an unanswered send after 3 tries, not 15
             # (about 15 minutes), as a site tuned for it does (docs/reliability.md).
             sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_retries2=3")
@@ -155,6 +140,18 @@ class NetLab:
                 subprocess.run(["ip", "link", "del", name], stderr=subprocess.DEVNULL)
         self.made.clear()
         self.agent.unlink(missing_ok=True)
+
+
+def attach_host(ns: str, bridge: str, inside: str, outside: str, addr: str) -> None:
+    """A host: network namespace `ns`, its loopback up, and a veth pair from `bridge` (the
+    `outside` end) to `inside` in the namespace, at `addr`/24 (tests/slurm_lab.py's nodes too)."""
+    sh("ip", "netns", "add", ns)
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside, "netns", ns)
+    sh("ip", "link", "set", outside, "master", bridge)
+    sh("ip", "link", "set", outside, "up")
+    sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", inside)
+    sh("ip", "-n", ns, "link", "set", inside, "up")
 
 
 def _quote(text: str) -> str:

@@ -95,7 +95,7 @@ def measure_and_choose(gradient_bytes: int, watchdog: object = None) -> tuple[Gr
     """--comm auto on the CPU under mpirun: MPI's all-reduce or gloo's, whichever is faster
     for this model's gradient over these ranks' links, and the line that says so. Neither
     wins everywhere (measured, docs/benchmark.md): on one host Open MPI's shared memory beats
-    gloo's loopback TCP; across a 100 Mbit/s link gloo's ring all-reduce took half Open MPI's
+    gloo's loopback TCP; across a 100 Mbit/s link gloo's all-reduce took half Open MPI's
     time. Every rank takes the same verdict: the times' maximum over the ranks."""
     from mpi4py import MPI  # noqa: PLC0415  (only under mpirun: importing it starts MPI)
 

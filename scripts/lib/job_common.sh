@@ -323,12 +323,27 @@ forward_env() {
         export NCCL_SOCKET_IFNAME=$IFNAME
     fi
     export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
+    flight_recorder
     FORWARD=(-x PATH)
     [ -n "${LD_LIBRARY_PATH:-}" ] && FORWARD+=(-x LD_LIBRARY_PATH)
     local var
     while IFS= read -r var; do
         FORWARD+=(-x "$var")
     done < <(compgen -e | grep -E '^(NCCL_.*|TORCH_.*|OMP_NUM_THREADS|PYTHONNOUSERSITE)$' | sort)
+}
+
+# On GPUs, torch's NCCL flight recorder: the last collectives of each rank, dumped when NCCL's
+# own watchdog times out, beside the watchdog's hang-STEP/ stacks (names read in torch 2.13:
+# c10d/ProcessGroupNCCL.hpp and FlightRecorder.hpp, TORCH_FR_DUMP_TEMP_FILE and its older name
+# in libtorch; each rank's file is the prefix and its rank). Yours win. Not run here: no GPU.
+flight_recorder() {
+    [ -n "${CKPT_DIR:-}" ] && [ "$(gpus_on_this_node)" -gt 0 ] || return 0
+    local prefix=$CKPT_DIR/nccl-flight-recorder/rank-
+    export TORCH_NCCL_TRACE_BUFFER_SIZE=${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
+    export TORCH_NCCL_DUMP_ON_TIMEOUT=${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
+    export TORCH_FR_DUMP_TEMP_FILE=${TORCH_FR_DUMP_TEMP_FILE:-$prefix}
+    export TORCH_NCCL_DEBUG_INFO_TEMP_FILE=${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$prefix}
+    [ "${DRY_RUN:-0}" = 1 ] || mkdir -p "$CKPT_DIR/nccl-flight-recorder"
 }
 
 # What the job's exit status means for the next step (docs/abci.md, "when a job fails").
