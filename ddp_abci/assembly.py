@@ -27,7 +27,7 @@ from .data import EpochBatches, build_loader
 from .errors import UsageError
 from .model import compile_model, make_optimizer, seed_optimizer, wrap_model
 from .parallel.collectives import all_ranks, print_main
-from .parallel.gradients import GradientPath, measure_and_choose
+from .parallel.gradients import GradientPath, gradient_path, measure_and_choose
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest
 from .parallel.stopping import StopAgreement
@@ -74,7 +74,7 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
         ckpt.check_model_shape(snapshot, model, resumed_from)
         model.load_state_dict(snapshot["model"])  # before DDP: it broadcasts rank 0's weights
     model = model.to(device)
-    gradients = _gradient_path(plan, launch, device, model, watchdog)
+    gradients = _gradient_path(plan, launch, device, model, watchdog, snapshot)
     with watchdog.waiting("preflight: the dry run's verdict"):
         with watchdog.working("the dry run of loss_fn"):
             error = preflight.dry_run(model, train_set, loss_fn, plan.precision, device, plan.per_rank_batch,
@@ -124,11 +124,15 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
 
 
 def _gradient_path(plan: RunPlan, launch: Launch, device: torch.device, model: torch.nn.Module,
-                   watchdog: Any) -> GradientPath:
+                   watchdog: Any, snapshot: dict | None) -> GradientPath:
     """The gradient all-reduce's path (measured, where --comm auto leaves MPI or gloo open),
-    and the run's first line, which names it."""
+    and the run's first line, which names it. A resumed run keeps the path its checkpoint
+    was made with: the two sum in different orders, and the resume would not be exact."""
     gradients, measured = plan.gradients(), ""
-    if gradients is None:
+    kept = (snapshot or {}).get("gradients") if (snapshot or {}).get("world_size") == launch.world_size else None
+    if gradients is None and kept in ("mpi", "gloo"):
+        gradients, measured = gradient_path(kept), f"gradients: via {kept}, as the checkpoint's run chose (--comm auto)"
+    elif gradients is None:
         gradient_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         gradients, measured = measure_and_choose(gradient_bytes, watchdog)
     backend = dist.get_backend() if dist.is_initialized() else "none"

@@ -39,7 +39,7 @@ REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_si
 # Every key every checkpoint holds: REQUIRED, which a load insists on, and those older versions
 # of the format lacked; and the keys some hold: a stream's position, fit(state=...)'s objects
 # (NAME their names). docs/reliability.md documents each.
-KEYS = (*REQUIRED, "train_items", "rng_per_rank", "scheduler")
+KEYS = (*REQUIRED, "train_items", "rng_per_rank", "scheduler", "gradients")
 OPTIONAL_KEYS = ("data", "data_per_rank", "state/NAME", "state/NAME_per_rank")
 
 

@@ -78,8 +78,8 @@ class TrainConfig:
                                         "diverged (exit 65); 0: never", low=0)
     summary_json: str | None = option(None, "rank 0 writes the run's figures here (the benchmark reads them)",
                                       path=True)
-    comm: str = option("auto", "gradient all-reduce: auto (NCCL on GPUs; on the CPU under mpirun MPI or gloo, "
-                               "whichever all-reduces the model's gradient faster, measured at the start; else "
+    comm: str = option("auto", "gradient all-reduce: auto (NCCL on GPUs; on the CPU under mpirun MPI, or gloo where "
+                               "it all-reduces the model's gradient clearly faster, measured at the start; else "
                                "gloo), mpi, gloo or nccl", choices=COMM_CHOICES)
     find_unused_parameters: bool = option(False, "let DDP skip parameters that get no gradient in a step (a layer "
                                                  "used on some steps or ranks only); costs a graph walk a step")

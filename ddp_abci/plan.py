@@ -42,7 +42,7 @@ def plan_run(config: TrainConfig, launch: Launch, device: torch.device) -> RunPl
 
 def resolve_comm(comm: str, launch: Launch, device: torch.device) -> str:
     """auto: NCCL on GPUs; on the CPU, gloo, or when MPI joins the ranks too (mpirun with
-    mpi4py), "measure": MPI or gloo, whichever all-reduces the model's gradient faster."""
+    mpi4py), "measure": MPI, or gloo where it all-reduces the model's gradient clearly faster."""
     check_choice(name("comm"), comm, COMM_CHOICES)
     if comm == "auto":
         if device.type == "cuda":

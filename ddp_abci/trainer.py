@@ -71,7 +71,8 @@ class Trainer:
                   "train_items": None if self.stream else len(train_set),  # the keys beside the parts: checkpoint.KEYS
                   "config": {**config.to_dict(), **self.job_settings}}
         self.checkpoints = CheckpointManager(config.ckpt_dir, launch, self.watchdog, keep=config.keep,
-                                             background=config.async_save, header=lambda: header)
+                                             background=config.async_save,
+                                             header=lambda: {**header, "gradients": self.gradients.name})
         self.tally, self.steps_left, self.save_due = EpochTally(device), None, False  # steps_left: a stream's end
         self.step_clock, self.stragglers, self.trackers = StepClock(self.watchdog), None, None
         self.model = self.ddp = self.gradients = self.optimizer = self.scheduler = self.batches = self.groups = None
@@ -320,9 +321,8 @@ class Trainer:
                 rank0_decides(self.launch, lambda: ckpt.save_weights(unwrap(self.model), self.config.save_model),
                               SaveFailed)
 
-    # -- the run's records ----------------------------------------------------------------
-
     def _record(self, status: int, line: str) -> None:
+        """The run's end in DIR/status, which the job scripts read."""
         if self.config.ckpt_dir:
             ckpt.write_status(self.config.ckpt_dir, status, finished=status == 0 and self._finished(), step=self.step,
                               line=line, rank=self.launch.rank, host=self.host)

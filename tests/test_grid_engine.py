@@ -12,7 +12,9 @@ from helpers import MPIRUN, PYTHON, load, same_tensors
 VENV_BIN = os.path.dirname(PYTHON)
 SITE = dict(CONTAINER="none", PYTHON=PYTHON, MPIRUN=MPIRUN, OMPI_ALLOW_RUN_AS_ROOT="1",
             OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,sm,tcp")
-SMALL = ["--num-items", "4000", "--seed", "3"]  # 80 steps an epoch
+# 80 steps an epoch (the job scripts' default --bs is 256); --comm pinned: runs compared bit for
+# bit must take the same all-reduce, which --comm auto would measure afresh in each
+SMALL = ["--num-items", "4000", "--seed", "3", "--bs", "50", "--comm", "mpi"]
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +77,13 @@ def test_the_header_line_trains_two_ranks_to_done(header_job):
 @pytest.fixture(scope="module")
 def chain(grid_engine, header_job, tmp_path_factory):
     d = tmp_path_factory.mktemp("ge-chain")
-    steps_per_s = header_job[2]["samples_per_s"] / 50
+    steps_per_s = header_job[2]["samples_per_s"] / 50  # SMALL's --bs
     # -t 00:01:00: h_rt 60 s, s_rt 45 s; the trainer stops a quarter before s_rt, less start-up.
     max_steps = int(1.5 * steps_per_s * 28)
     args = ["--epochs", "100000", *SMALL, "--max-steps", str(max_steps)]
-    out = grid_engine.run("bash", "scripts/submit.sh", "abci2", "-g", "grp", "-t", "00:01:00", "-c", "3", "--",
-                          *args, **grid_engine.site, CKPT_DIR=str(d / "ck"), SUBMIT_DIR=str(d / "submit"))
-    ids = [int(line) for line in out.stdout.split()]
+    out = grid_engine.run("bash", "scripts/submit.sh", "abci2", "-g", "grp", "-p", "2", "-t", "00:01:00", "-c", "3",
+                          "--", *args, **grid_engine.site, CKPT_DIR=str(d / "ck"), SUBMIT_DIR=str(d / "submit"))
+    ids = [int(line) for line in out.stdout.splitlines() if line.isdigit()]  # the job ids: one a line
     assert out.returncode == 0 and len(ids) == 3, out.stdout
     records = [grid_engine.wait(job, 200) for job in ids]
     whole = qsub(grid_engine, "-l", "h_rt=0:10:00", "scripts/abci/train_abci2.sh", *args, CKPT_DIR=str(d / "whole"))

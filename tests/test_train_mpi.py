@@ -104,3 +104,13 @@ def test_closing_the_process_group_ends_gloos_threads_before_exit(comm, tmp_path
                         *SMALL, "--comm", comm, "--max-steps", "11", "--ckpt-dir", str(tmp_path)))
     assert_clean(proc)
     assert_no_thread_outlives_the_process_group(proc)
+
+
+def test_a_resumed_run_keeps_the_gradient_path_its_checkpoint_was_made_with(tmp_path):
+    first = run_mpi(2, "--max-steps", "5", "--ckpt-dir", str(tmp_path))
+    assert first.returncode == 0 and "(--comm auto)" in first.stdout, first.stdout
+    chosen = re.search(r"gradients via (\w+)", first.stdout)[1]
+    assert load(tmp_path / "last.pt")["gradients"] == chosen
+    again = run_mpi(2, "--max-steps", "10", "--ckpt-dir", str(tmp_path), "--resume")
+    assert f"gradients: via {chosen}, as the checkpoint's run chose (--comm auto)" in again.stdout, again.stdout
+    assert "took" not in again.stdout.split("training:")[0]  # no measurement: the checkpoint's path

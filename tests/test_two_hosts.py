@@ -225,7 +225,9 @@ def test_a_cut_link_ends_the_job_script_within_the_timeout_with_exit_69(two_host
         print(f"cut link: ended {took:.1f} s after the cut")
     finally:
         two_hosts.link("up")
-    assert proc.returncode == 69 and took < TIMEOUT + 30, (proc.returncode, took, out)
+    assert proc.returncode == 69 and took < TIMEOUT + 30, f"exit {proc.returncode} after {took:.1f} s:\n{out}"
     status = dict(line.split("=", 1) for line in (tmp_path / "ck" / "status").read_text().splitlines())
-    assert status["status"] == "69" and "stopped answering" in status["line"], status
+    # The watchdog's verdict, or, when Open MPI's TCP transport gives up on the cut link first
+    # (its errors are fatal to the rank: no Python runs to record anything), the job script's.
+    assert status["status"] == "69" and ("stopped answering" in status["line"] or "was lost" in status["line"]), status
     assert "resubmit with the same CKPT_DIR" in out and load(tmp_path / "ck" / "last.pt")["step"] > 0

@@ -98,20 +98,21 @@ class Environment:
         if not port:
             raise LaunchError(f"{ranks.world_size} ranks started by {self.source} and no mpi4py to agree on a port: "
                               "set MASTER_PORT (the same on every rank), or install mpi4py")
-        if meeting.master_addr:
-            return meeting.master_addr, port
         if not ranks.spans_hosts:
-            addr = rendezvous.interface_address(meeting.interface) if meeting.interface else "127.0.0.1"
-            return addr, port
-        host = self.rank0_host()
+            addr = rendezvous.interface_address(meeting.interface) if meeting.interface else None
+            return addr or meeting.master_addr or "127.0.0.1", port
+        if meeting.master_addr and not meeting.interface:
+            return meeting.master_addr, port
+        host = meeting.master_addr or self.rank0_host()
         if host is None:
             raise LaunchError(f"{ranks.world_size} ranks started by {self.source} across hosts and nothing names rank "
                               "0's host (no MASTER_ADDR, no scheduler's node list): set MASTER_ADDR to rank 0's host, "
                               "or install mpi4py")
         if not meeting.interface:
             return host, port
-        # Only rank 0 can read its own interface's address: the others learn it from rank 0,
-        # met first at the host the scheduler names.
+        # --interface names the network to meet on, and only rank 0 can read its own address
+        # there: the others learn it from rank 0, met first at the host MASTER_ADDR or the
+        # scheduler names (torchrun's MASTER_ADDR is often a host name on another network).
         return rendezvous.learn_rank0_address(ranks, host, port, meeting.interface, meeting.timeout_s), port
 
     # -- the end ------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, NamedTuple
 
+from ..errors import one_line
 from .launch import Launch
 
 EXIT_RANK_LOST = 69  # EX_UNAVAILABLE: a rank stopped answering; resubmit with --resume, check the named host
@@ -87,6 +88,12 @@ class _Phase:
         self.watchdog.stack.append((name, collective, time.monotonic()))
 
     def __exit__(self, kind, error, tb) -> None:
+        if error is not None and self.entry[1] and peer_lost(error):
+            # A peer's process ended (its launcher ends this rank in a moment) or the link to
+            # it is gone: the collective is still, in effect, waiting. It stays on the stack,
+            # timed, and the watch thread's verdict names who stopped answering (exit 69),
+            # where this rank's traceback (exit 1) would only blame the network.
+            self.watchdog.await_verdict(error)
         entry = self.watchdog.stack.pop()
         if entry[1]:  # the wait: the whole phase, or from when its own work ended (waits_from())
             began = max(entry[2], self.waits_from()) if self.waits_from is not None else entry[2]
@@ -97,10 +104,16 @@ class _Phase:
             self.watchdog.expire(entry)
 
 
+# gloo's words when the connection to a peer breaks: its process ended (aborted, killed) or
+# the network between them went (a cut link gave "Read error [10.77.0.2]:675: Network is
+# unreachable" here).
+CONNECTION_LOST = ("closed by peer", "reset by peer", "Network is unreachable", "No route to host", "Broken pipe")
+
+
 def peer_lost(error: BaseException) -> bool:
-    """gloo's error when another rank's process ended (it aborted, or was killed)."""
+    """gloo's error when the connection to another rank broke."""
     text = str(error)
-    return isinstance(error, RuntimeError) and ("closed by peer" in text or "reset by peer" in text)
+    return isinstance(error, RuntimeError) and any(words in text for words in CONNECTION_LOST)
 
 
 def timed_out(error: BaseException) -> bool:
@@ -312,6 +325,22 @@ class Watchdog:
             self._stop.wait(3600)
             return
         line = f"error: {self.diagnose(entry, errand['where'])}"
+        print(line, file=sys.stderr, flush=True)
+        if self.record is not None:
+            self.record(EXIT_RANK_LOST, line)
+        self.end(EXIT_RANK_LOST)
+
+    def await_verdict(self, error: BaseException) -> None:
+        """Inside a collective whose connection to a peer broke: wait for the end of the job,
+        which the launcher (a peer that ended) or the watch thread (within --timeout) brings.
+        Without a watch thread (one rank, or stopped) the error goes on up."""
+        if not self._threads or self._stop.is_set():
+            return
+        if self._stop.wait(self.timeout_s + 30):
+            return
+        line = (f"error: rank {self.launch.rank} (host {self.host}) lost its connection to a peer at step "
+                f"{self.step} ({one_line(error)}) and no rank reached a verdict within --timeout "
+                f"{self.timeout_s:g} s; the job ends (exit {EXIT_RANK_LOST}); {self.checkpoint}")
         print(line, file=sys.stderr, flush=True)
         if self.record is not None:
             self.record(EXIT_RANK_LOST, line)

@@ -385,8 +385,10 @@ reconciled_status() {
         fi
         echo "$recorded"
     elif [ "$rc" = 0 ]; then
-        echo "job $JOB_NUM: mpirun exited 0 but the run recorded no end in $CKPT_DIR/status: a rank or the" \
-            "launcher was lost; treated as 69" >&2
+        local line="job $JOB_NUM: mpirun exited 0 but the run recorded no end in $CKPT_DIR/status: a rank or the"
+        line+=" launcher was lost (Open MPI's lines above name the host); treated as 69"
+        echo "$line" >&2
+        record_status 69 "$line"  # the chain's next job resumes: 69 is a verdict it acts on
         echo 69
     else
         if [ "$rc" = 2 ] || [ "$rc" = 1 ]; then
