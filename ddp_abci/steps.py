@@ -32,7 +32,6 @@ class StepResult(NamedTuple):
 class Group(NamedTuple):
     batches: list[Any]         # the micro-batches, on the device
     where: list[dict]          # a stream's position after each (empty for a map-style set)
-    read_s: float              # seconds spent reading them
 
 
 class EpochTally:
@@ -87,7 +86,6 @@ class Groups:
             yield group
 
     def _read(self) -> Group | None:
-        began = time.perf_counter()
         try:
             items = list(itertools.islice(self.batches, self.accum))
         except CollateFailed as e:
@@ -98,8 +96,7 @@ class Groups:
         if not items:
             return None
         batches, where = ([b for b, _ in items], [w for _, w in items]) if self.stream else (items, [])
-        return Group([to_device(b, self.device, non_blocking=self.non_blocking) for b in batches], where,
-                     time.perf_counter() - began)
+        return Group([to_device(b, self.device, non_blocking=self.non_blocking) for b in batches], where)
 
 
 def step_failure(here: str, what: str, error: Exception, step: int, items: int, resumable: bool) -> RankFailed:
@@ -117,19 +114,16 @@ def step_failure(here: str, what: str, error: Exception, step: int, items: int, 
     return RankFailed(f"{here}: {what} {type(error).__name__}: {text} at step {step + 1}; {advice}")
 
 
-@contextlib.contextmanager
-def step_guard(watchdog: Any, here: str, step: int, resumable: bool, what: str, batch: Any) -> Iterator[None]:
-    """A failure of the user's code inside a step: this rank's own (step_failure), unless it is
-    another rank's end showing here (a peer lost), or the user's own collective outliving
-    --timeout, which is the watchdog's verdict."""
-    try:
-        yield
-    except Exception as e:
-        if timed_out(e):
-            watchdog.collective_timed_out(e)
-        if timed_out(e) or peer_lost(e):
-            raise
-        raise step_failure(here, what, e, step, batch_len(batch), resumable) from None
+def own_failure(error: Exception, watchdog: Any, here: str, what: str, step: int, batch: Any,
+                resumable: bool) -> BaseException:
+    """What a failure inside a step's user code ends the run with: this rank's own
+    (step_failure), unless it is another rank's end showing here (a peer lost: raised as it
+    is), or the user's own collective outliving --timeout, which is the watchdog's verdict."""
+    if timed_out(error):
+        watchdog.collective_timed_out(error)
+    if timed_out(error) or peer_lost(error):
+        return error
+    return step_failure(here, what, error, step, batch_len(batch), resumable)
 
 
 def grad_sync(ddp: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:

@@ -266,6 +266,15 @@ class RunTrackers:
         self.metrics = self.board = None
 
 
+def training_line(config: Any, epoch_batches: int | None, per_rank_batch: int, precision: str,
+                  checkpoint: Any) -> str:
+    """The line before the first step: what the run will train, and where it saves."""
+    accum = f", {config.accum} micro-batches a step" if config.accum > 1 else ""
+    size = f"{epoch_batches} batches" if epoch_batches is not None else "a stream of batches"
+    return (f"training: {config.epochs} epochs of {size}{accum}, global batch {config.global_batch} "
+            f"({per_rank_batch} per rank), precision {precision}, checkpoints {checkpoint or 'off'}")
+
+
 def epoch_line(which: str, mean: float, tally: Any, dropped: int) -> str:
     """The line at an epoch's end (or where a stop cut it): the loss over every rank's steps."""
     elapsed = time.perf_counter() - tally.started

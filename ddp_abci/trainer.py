@@ -15,7 +15,6 @@ and skip themselves by configuration (no --ckpt-dir, no --summary-json), never b
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import math
 import socket
@@ -39,10 +38,10 @@ from .plan import RunPlan, plan_run
 from .precision import autocast
 from .resume import Position
 from .seed_job import SeedJob, complete
-from .steps import EpochTally, Groups, StepResult, backward_phase, grad_sync, optimizer_step, step_guard
+from .steps import EpochTally, Groups, StepResult, backward_phase, grad_sync, optimizer_step, own_failure
 from .stragglers import StepClock
 from .streams import is_stream
-from .tracking import Clock, end_of_run, epoch_line, peak_memory_mib, run_summary, write_summary
+from .tracking import Clock, end_of_run, epoch_line, peak_memory_mib, run_summary, training_line, write_summary
 
 
 class Trainer:
@@ -106,12 +105,8 @@ class Trainer:
         return status
 
     def _train(self) -> tuple[int, str]:
-        cfg = self.config
-        accum = f", {cfg.accum} micro-batches a step" if cfg.accum > 1 else ""
-        size = f"{len(self.batches)} batches" if self.batches.sized else "a stream of batches"
-        print_main(self.launch, f"training: {cfg.epochs} epochs of {size}{accum}, global batch {cfg.global_batch} "
-                                f"({self.per_rank_batch} per rank), precision {self.precision}, checkpoints "
-                                f"{self.checkpoints.file or 'off'}")
+        print_main(self.launch, training_line(self.config, len(self.batches) if self.batches.sized else None,
+                                              self.per_rank_batch, self.precision, self.checkpoints.file))
         if self.agreement.deadline is not None:
             print_main(self.launch, self.agreement.deadline_line())
         stopped_by, last_loss, steps_before = 0, math.nan, self.step
@@ -166,10 +161,14 @@ class Trainer:
         for where in group.where:
             self.batches.trained_one(where)
         self.steps_left = None if self.steps_left is None else self.steps_left - 1
-        cfg, epoch_batches = self.config, len(self.batches) if self.batches.sized else None
         self.trackers.after_step(self.step, self.epoch, result, self.optimizer, self.scaler, self.clock, self.tally,
-                                 lambda: self.position.label(cfg.epochs, epoch_batches, cfg.global_batch))
+                                 self._where)
         self.agreement.watch(result.grad_norm, result.skipped)
+
+    def _where(self) -> str:
+        """The progress line's place (only when a line is due: len() of a loader is not free)."""
+        return self.position.label(self.config.epochs, len(self.batches) if self.batches.sized else None,
+                                   self.config.global_batch)
 
     # Where the run is (resume.Position): epochs completed, batches of this epoch, optimizer steps.
     epoch = property(lambda self: self.position.epoch)
@@ -192,23 +191,24 @@ class Trainer:
     def train_step(self, micro_batches: list[Any]) -> StepResult:
         """One optimizer step over the micro-batches (--accum of them; one by default)."""
         self.optimizer.zero_grad(set_to_none=True)
-        count, loss_sum, samples = len(micro_batches), None, 0
-        guard = functools.partial(step_guard, self.watchdog, self.here, self.step, bool(self.config.ckpt_dir))
-        for i, batch in enumerate(micro_batches):
-            last = i == count - 1
-            with grad_sync(self.ddp, last):
-                with autocast(self.precision, self.device), self.watchdog.working("loss_fn"), \
-                        guard("loss_fn raised", batch):
-                    loss = self.loss_fn(self.model, batch)
-                # / count: the accumulated gradient is that of the micro-batch losses' mean
-                # (skipped for one: x / 1 is x, and the division is an op and a backward node
-                # a step). DDP all-reduces gradient buckets during the last micro-batch's backward.
-                with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.gradients), \
-                        guard("the backward pass failed", batch):
-                    self.scaler.scale(loss / count if count > 1 else loss).backward()
-            loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
-            loss_sum = loss if loss_sum is None else loss_sum + loss
-            samples += batch_len(batch)
+        count, loss_sum, samples, what = len(micro_batches), None, 0, ""
+        try:
+            for i, batch in enumerate(micro_batches):
+                last = i == count - 1
+                with grad_sync(self.ddp, last):
+                    what = "loss_fn raised"
+                    with autocast(self.precision, self.device), self.watchdog.working("loss_fn"):
+                        loss = self.loss_fn(self.model, batch)
+                    # / count: the accumulated gradient is that of the micro-batch losses' mean (x / 1 is
+                    # skipped: an op and a backward node). DDP all-reduces during the last one's backward.
+                    what = "the backward pass failed"
+                    with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.gradients):
+                        self.scaler.scale(loss / count if count > 1 else loss).backward()
+                loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
+                loss_sum = loss if loss_sum is None else loss_sum + loss
+                samples += batch_len(batch)
+        except Exception as e:
+            raise own_failure(e, self.watchdog, self.here, what, self.step, batch, bool(self.config.ckpt_dir)) from None
         grad_norm = None
         if self.config.clip_norm:
             self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
