@@ -73,8 +73,12 @@ def chain(slurm, tmp_path_factory):
     """A fit() script's --max-steps run sized to need two or three 1-minute walltimes, through
     submit.sh slurm -n 2 -p 2 -c 4 (4 ranks in every job), and the same run uninterrupted."""
     d = tmp_path_factory.mktemp("chain")
+    # --comm pinned, the same in the probe that sizes the chain: the chain keeps the path its first
+    # job measured, and the run it is compared with must take the same one (the paths sum in
+    # different orders, and run at different speeds: docs/benchmark.md)
+    comm = ["--comm", "mpi"]
     probe = submit(slurm, d / "probe.out", "-N", "2", "--ntasks-per-node=2", "-t", "00:05:00",
-                   "scripts/slurm/train.sbatch", "--epochs", "4", "--summary-json", str(d / "probe.json"),
+                   "scripts/slurm/train.sbatch", "--epochs", "4", "--summary-json", str(d / "probe.json"), *comm,
                    TRAIN_SCRIPT=FIT_SCRIPT, **FOUR)
     assert slurm.wait(probe, 180)["ExitCode"] == "0:0", (d / "probe.out").read_text()
     figures = json.loads((d / "probe.json").read_text())
@@ -82,9 +86,7 @@ def chain(slurm, tmp_path_factory):
     # A job of -t 1:00 trains until its --stop-after, 60 s - 40 s of margin (the job then ends early and the next
     # starts: the chain takes less of the suite's time), less start-up: one and a half of that.
     max_steps = int(1.5 * figures["samples_per_s"] / 64 * (20 - start_s))
-    # --comm pinned: the chain keeps the path its first job measured, and the run it is compared
-    # with must take the same one (the paths sum in different orders: docs/benchmark.md)
-    args = ["--epochs", "100000", "--max-steps", str(max_steps), "--comm", "mpi"]
+    args = ["--epochs", "100000", "--max-steps", str(max_steps), *comm]
     out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-p", "2", "-t", "1m", "-c", "4", "--",
                     *args, **{**SITE, **FOUR}, TRAIN_SCRIPT=FIT_SCRIPT, CKPT_DIR=str(d / "ck"), STOP_MARGIN_S="40",
                     SUBMIT_DIR=str(d / "submit"), SBATCH_OUTPUT=str(d / "job-%j.out"))
