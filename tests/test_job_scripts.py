@@ -376,3 +376,16 @@ def test_on_gpus_the_nccl_flight_recorder_dumps_into_the_checkpoint_folder(local
     assert not ck.exists()  # a dry run writes nothing
     cpus = _dry_run(localhost, tmp_path, CKPT_DIR=str(ck))
     assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in cpus
+
+
+def test_an_unexpected_failure_is_retried_once_by_a_chain_and_stops_it_the_second_time(tmp_path, localhost, mpirun):
+    script = tmp_path / "crash.py"
+    script.write_text("raise RuntimeError('CUDA out of memory (a stand-in)')\n")
+    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), CHAIN_ID="c1", TRAIN_SCRIPT=str(script))
+    for job in (1, 2):  # the first failure may be a passing fault: the next job tries again
+        proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+        assert proc.returncode == 1 and "failed unexpectedly" in proc.stdout, proc.stdout
+        assert f"failures={job}" in (tmp_path / "ck" / "status").read_text()
+    third = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert third.returncode == 1 and "the chain stops: two jobs in a row failed unexpectedly" in third.stdout
+    assert "dry run" not in third.stdout and "CUDA out of memory" not in third.stdout.split("the chain stops")[0]

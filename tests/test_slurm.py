@@ -163,7 +163,12 @@ def test_a_chain_survives_a_lost_node_from_its_last_step_checkpoint_bit_for_bit(
         assert info["ExitCode"] == "69:0", (info, one)
         assert "error: rank 1 (host h2) stopped answering" in one, one
     resumed_at = int(re.search(r"resume: \S+ at epoch 0, batch \d+, step (\d+)", two)[1])
-    assert resumed_at >= 500 and resumed_at % 50 == 0, two  # the last save point, not the epoch's start
+    assert resumed_at >= 500, two  # a step checkpoint, not the epoch's start
+    if failure == "a node that hangs":  # a stopped peer cannot agree a stop: the last save point
+        assert resumed_at % 50 == 0, two
+    # scancel --signal=KILL ends the srun step that holds Open MPI's daemon on h2; mpirun may then
+    # SIGTERM both ranks while they live, and they agree a stop and save where they are (seen:
+    # steps 584 and 592, "stopped on SIGTERM"): as whole a checkpoint as a save point's.
     end = load(tmp_path / "ck" / "last.pt")
     assert end["step"] == uninterrupted["step"] == 3000 and same_tensors(end["model"], uninterrupted["model"])
 

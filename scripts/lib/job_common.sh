@@ -370,15 +370,26 @@ status_field() {
     awk -v key="$1" 'index($0, key "=") == 1 {print substr($0, length(key) + 2); exit}' "$CKPT_DIR/status" 2>/dev/null
 }
 
+# The record's fingerprint, taken before mpirun: a record is this job's when it differs. Its time
+# cannot tell: a job that fails at once ends within the second the job before it recorded in.
+status_print() {
+    cksum "${CKPT_DIR:-/nonexistent}/status" 2>/dev/null || echo none
+}
+
+# Whether the run (or this job) wrote CKPT_DIR/status since status_print gave $1.
+recorded_since() {
+    [ -f "$CKPT_DIR/status" ] && [ "$(status_print)" != "$1" ]
+}
+
 # The run's exit status, from mpirun's and the run's record. mpirun's is not always the run's:
 # cut off from a host, Open MPI 5's mpirun exited 0 (measured: docs/reliability.md). So a
 # status the run recorded during this job wins, and without one a 0 is not believed. A refusal
 # (2) and an unexpected failure (1) record nothing themselves: the job records them, with the
 # run's last error line, so that a chain stops on a refusal and on a failure that repeats.
 reconciled_status() {
-    local rc=$1 started=$2 recorded
+    local rc=$1 before=$2 recorded
     [ -n "${CKPT_DIR:-}" ] || { echo "$rc"; return; }
-    if [ -f "$CKPT_DIR/status" ] && [ "$(status_field unix)" -ge "$started" ] 2>/dev/null; then
+    if recorded_since "$before"; then
         recorded=$(status_field status)
         if [ "$recorded" != "$rc" ]; then
             echo "job $JOB_NUM: mpirun exited $rc; the run recorded $recorded: $(status_field line)" >&2
@@ -440,9 +451,8 @@ chain_verdict() {
 
 # After mpirun: the chain's id on the run's record (written during this job), for the next job.
 stamp_chain() {
-    local started=$1 tmp
-    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && [ -f "$CKPT_DIR/status" ] || return 0
-    [ "$(status_field unix)" -ge "$started" ] 2>/dev/null || return 0
+    local before=$1 tmp
+    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && recorded_since "$before" || return 0
     tmp=$(mktemp "$CKPT_DIR/.status.XXXXXX.tmp")
     { grep -v '^chain=' "$CKPT_DIR/status"; echo "chain=$CHAIN_ID"; } >"$tmp" && mv "$tmp" "$CKPT_DIR/status"
 }
@@ -524,16 +534,16 @@ launch_training() {
         rm -f "$HOSTFILE"
         return 0
     fi
-    local rc=0 started
-    started=$(date +%s)
+    local rc=0 before
+    before=$(status_print)
     OUTPUT=$(mktemp "${TMPDIR:-/tmp}/ddp_abci_output.XXXXXX")
     # The copy ignores Ctrl-C and SIGTERM: were it to die, mpirun's output would have nowhere to go.
     run_stoppable "${cmd[@]}" > >(trap '' INT TERM; exec tee "$OUTPUT") 2>&1 || rc=$?
     wait $! 2>/dev/null || true
     rm -f "$HOSTFILE"
-    rc=$(reconciled_status "$rc" "$started")
+    rc=$(reconciled_status "$rc" "$before")
     rm -f "$OUTPUT"
-    stamp_chain "$started"
+    stamp_chain "$before"
     exclude_slow_hosts
     explain_exit "$rc"
     return "$rc"
