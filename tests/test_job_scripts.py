@@ -389,3 +389,41 @@ def test_an_unexpected_failure_is_retried_once_by_a_chain_and_stops_it_the_secon
     third = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
     assert third.returncode == 1 and "the chain stops: two jobs in a row failed unexpectedly" in third.stdout
     assert "dry run" not in third.stdout and "CUDA out of memory" not in third.stdout.split("the chain stops")[0]
+
+
+# What mpirun printed, and its exit 1, when the link to host B was cut mid-run and the daemon
+# there ended before mpirun's own send gave up (Open MPI 5.0.11, a fresh clone's run of
+# test_two_hosts' cut link); the other order prints "lost communication" and exits 0.
+LOST_DAEMON = """------------------------------------------------------------
+A daemon failed to report back after being spawned. This could
+be due to several factors, including inability to find the
+daemon executable, or the executable was unable to find its
+required supporting libraries. In some cases, the daemon was
+able to execute, but was unable to complete a TCP connection
+back to prterun:
+
+  Local host:    hosta
+  Remote host:   hostb
+  Daemon exit status: 1
+------------------------------------------------------------"""
+
+
+def _mpirun_printing(tmp_path, output: str) -> str:
+    fake = tmp_path / "mpirun"
+    fake.write_text(f"#!/bin/sh\ncat <<'OUT'\n{output}\nOUT\nexit 1\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_mpirun_losing_a_hosts_daemon_mid_run_is_a_lost_host_69_naming_it(tmp_path, localhost):
+    started = "ddp_abci: world size 2 (local 1), backend gloo\nepoch 10/1000 [4/4 batches]: loss 1.0\n"
+    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), MPIRUN=_mpirun_printing(tmp_path, started + LOST_DAEMON))
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert proc.returncode == 69 and "Open MPI lost its daemon on hostb" in proc.stdout, proc.stdout
+    assert "status=69" in (tmp_path / "ck" / "status").read_text()  # a chain's next job resumes
+
+
+def test_a_daemon_that_never_started_is_a_failed_launch_not_a_lost_host(tmp_path, localhost):
+    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), MPIRUN=_mpirun_printing(tmp_path, LOST_DAEMON))
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert proc.returncode == 1 and "failed unexpectedly" in proc.stdout and "lost its daemon" not in proc.stdout

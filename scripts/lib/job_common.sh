@@ -387,7 +387,7 @@ recorded_since() {
 # (2) and an unexpected failure (1) record nothing themselves: the job records them, with the
 # run's last error line, so that a chain stops on a refusal and on a failure that repeats.
 reconciled_status() {
-    local rc=$1 before=$2 recorded
+    local rc=$1 before=$2 recorded host
     [ -n "${CKPT_DIR:-}" ] || { echo "$rc"; return; }
     if recorded_since "$before"; then
         recorded=$(status_field status)
@@ -401,12 +401,32 @@ reconciled_status() {
         echo "$line" >&2
         record_status 69 "$line"  # the chain's next job resumes: 69 is a verdict it acts on
         echo 69
+    elif host=$(lost_daemon_host); then
+        local line="job $JOB_NUM: mpirun exited $rc after Open MPI lost its daemon on $host (its lines above) during"
+        line+=" training: that host, or the link to it, was lost; treated as 69"
+        echo "$line" >&2
+        record_status 69 "$line"
+        echo 69
     else
         if [ "$rc" = 2 ] || [ "$rc" = 1 ]; then
             record_status "$rc" "$(grep '^error:' "$OUTPUT" 2>/dev/null | tail -n 1)"
         fi
         echo "$rc"
     fi
+}
+
+# The host whose Open MPI daemon was lost after the ranks had started, from mpirun's output. Cut
+# off from a host, mpirun either gives up on its own send (PRRTE's "lost communication with a
+# remote daemon") or hears first that the daemon there ended (its "A daemon failed to report
+# back", with exit 1): measured between the test's two hosts, the same cut gave either. Before
+# the ranks start the same lines mean a launch that cannot work (no prted there), not a lost host.
+lost_daemon_host() {
+    grep -q '^ddp_abci: world size' "$OUTPUT" 2>/dev/null &&
+        grep -q -e 'lost communication with a remote daemon' -e 'A daemon failed to report back' "$OUTPUT" ||
+        return 1
+    local host
+    host=$(grep -o -e 'Remote daemon: .* on node [^ ]*' -e 'Remote host: *[^ ]*' "$OUTPUT" | head -n 1 | awk '{print $NF}')
+    echo "${host:-a host}"
 }
 
 # record_status STATUS LINE: the job's own record in CKPT_DIR/status, as the run writes it
