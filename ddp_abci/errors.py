@@ -2,7 +2,8 @@
 with its own exit status (the job scripts read it to decide whether to resubmit).
 
     0   done
-    2   bad input (UsageError): nothing was trained or written; fix the named setting
+    2   bad input: a refused setting (UsageError, before training: nothing written), or one rank's
+        loss_fn or batch failing mid-run (RankFailed: the last checkpoint is kept); fix what it names
     65  diverged (Diverged): the loss or gradients stopped being finite; last good checkpoint kept
     69  a rank stopped answering within --timeout (parallel.watchdog): resubmit with --resume, check the named host
     74  a checkpoint could not be written (SaveFailed): free space or fix the folder, then --resume
