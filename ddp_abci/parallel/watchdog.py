@@ -324,11 +324,7 @@ class Watchdog:
         if not errand["first"]:  # another rank claimed the verdict: it speaks and ends the job
             self._stop.wait(3600)
             return
-        line = f"error: {self.diagnose(entry, errand['where'])}"
-        print(line, file=sys.stderr, flush=True)
-        if self.record is not None:
-            self.record(EXIT_RANK_LOST, line)
-        self.end(EXIT_RANK_LOST)
+        self._verdict(f"error: {self.diagnose(entry, errand['where'])}")
 
     def await_verdict(self, error: BaseException) -> None:
         """Inside a collective whose connection to a peer broke: wait for the end of the job,
@@ -338,9 +334,12 @@ class Watchdog:
             return
         if self._stop.wait(self.timeout_s + 30):
             return
-        line = (f"error: rank {self.launch.rank} (host {self.host}) lost its connection to a peer at step "
-                f"{self.step} ({one_line(error)}) and no rank reached a verdict within --timeout "
-                f"{self.timeout_s:g} s; the job ends (exit {EXIT_RANK_LOST}); {self.checkpoint}")
+        self._verdict(f"error: rank {self.launch.rank} (host {self.host}) lost its connection to a peer at step "
+                      f"{self.step} ({one_line(error)}) and no rank reached a verdict within --timeout "
+                      f"{self.timeout_s:g} s; the job ends (exit {EXIT_RANK_LOST}); {self.checkpoint}")
+
+    def _verdict(self, line: str) -> None:
+        """The job ends with 69: the line said, recorded for the job scripts (CKPT_DIR/status)."""
         print(line, file=sys.stderr, flush=True)
         if self.record is not None:
             self.record(EXIT_RANK_LOST, line)

@@ -396,23 +396,25 @@ reconciled_status() {
         fi
         echo "$recorded"
     elif [ "$rc" = 0 ]; then
-        local line="job $JOB_NUM: mpirun exited 0 but the run recorded no end in $CKPT_DIR/status: a rank or the"
-        line+=" launcher was lost (Open MPI's lines above name the host); treated as 69"
-        echo "$line" >&2
-        record_status 69 "$line"  # the chain's next job resumes: 69 is a verdict it acts on
-        echo 69
+        lost_host "job $JOB_NUM: mpirun exited 0 but the run recorded no end in $CKPT_DIR/status: a rank or the" \
+            "launcher was lost (Open MPI's lines above name the host); treated as 69"
     elif host=$(lost_daemon_host); then
-        local line="job $JOB_NUM: mpirun exited $rc after Open MPI lost its daemon on $host (its lines above) during"
-        line+=" training: that host, or the link to it, was lost; treated as 69"
-        echo "$line" >&2
-        record_status 69 "$line"
-        echo 69
+        lost_host "job $JOB_NUM: mpirun exited $rc after Open MPI lost its daemon on $host (its lines above) during" \
+            "training: that host, or the link to it, was lost; treated as 69"
     else
         if [ "$rc" = 2 ] || [ "$rc" = 1 ]; then
             record_status "$rc" "$(grep '^error:' "$OUTPUT" 2>/dev/null | tail -n 1)"
         fi
         echo "$rc"
     fi
+}
+
+# lost_host WORDS...: the 69 of a host lost where the run could not record it, said on stderr
+# and recorded (the chain's next job resumes: 69 is a verdict it acts on).
+lost_host() {
+    echo "$*" >&2
+    record_status 69 "$*"
+    echo 69
 }
 
 # The host whose Open MPI daemon was lost after the ranks had started, from mpirun's output. Cut
