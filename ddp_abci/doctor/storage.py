@@ -23,15 +23,16 @@ def write_speed(folder: str, megabytes: int) -> dict:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".doctor-", suffix=".tmp")
     except OSError as e:
         return {"writable": False, "error": f"{e.strerror or e}"}
+    chunks = max(1, megabytes * (1 << 20) // CHUNK)  # whole chunks: what is written, not what was asked
     try:
         began = time.perf_counter()
         with os.fdopen(fd, "wb") as f:
-            for _ in range(max(1, megabytes * (1 << 20) // CHUNK)):
+            for _ in range(chunks):
                 f.write(data)
             f.flush()
             os.fsync(f.fileno())
         seconds = time.perf_counter() - began
-        return {"writable": True, "write_mb_s": round(max(1, megabytes) * 1.048576 / seconds, 1)}
+        return {"writable": True, "write_mb_s": round(chunks * CHUNK / 1e6 / seconds, 1)}
     except OSError as e:
         return {"writable": False, "error": f"{e.strerror or e}"}
     finally:
