@@ -44,7 +44,8 @@ class NetLab(Lab):
         self.net = f"{self.subnet}.0/24"
         self.addr = {host: f"{self.subnet}.{i + 1}" for i, host in enumerate(self.hosts)}
         self.ns = {host: f"dnl{self.tag}{i}" for i, host in enumerate(self.hosts)}
-        self.veth = {host: f"dnv{self.tag}{i}" for i, host in enumerate(self.hosts)}  # the host's side
+        self.veth = {host: f"dnv{self.tag}{i}" for i, host in enumerate(self.hosts)}  # the bridge's side
+        self.iface = {host: f"dni{self.tag}{i}" for i, host in enumerate(self.hosts)}  # the host's own
         self.bridge = f"dnb{self.tag}"
         self.agent = self.workdir / f"agent-{self.tag}"
         self.made: list[str] = []
@@ -57,7 +58,7 @@ class NetLab(Lab):
         for host in self.hosts:
             ns = self.ns[host]
             self.made.append(f"ns:{ns}")  # first: down() also removes one made half-way
-            attach_host(ns, self.bridge, f"dni{self.tag}{self.hosts.index(host)}", self.veth[host], self.addr[host])
+            attach_host(ns, self.bridge, self.iface[host], self.veth[host], self.addr[host])
             Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
             Path(f"/etc/netns/{ns}/hosts").write_text(hosts_file)  # names resolve inside (ip netns exec binds it)
             # A cut or slow link: TCP gives up on an unanswered send after 3 tries, not 15
@@ -87,8 +88,7 @@ class NetLab(Lab):
 
     def shape(self, host: str, rate: str, delay: str | None = None) -> None:
         """tc on the host's link, both ways: a token bucket at `rate` (e.g. 100mbit), and `delay`."""
-        inside = f"dni{self.tag}{self.hosts.index(host)}"
-        for where, dev in ((["ip", "netns", "exec", self.ns[host]], inside), ([], self.veth[host])):
+        for where, dev in ((["ip", "netns", "exec", self.ns[host]], self.iface[host]), ([], self.veth[host])):
             qdisc = ["netem", "delay", delay, "rate", rate] if delay else ["tbf", "rate", rate, "burst", "256kbit",
                                                                             "latency", "400ms"]
             try:
