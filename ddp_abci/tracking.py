@@ -114,7 +114,9 @@ def peak_memory_mib(device) -> tuple[float, str]:
 def run_summary(world_size: int, global_batch: int, precision: str, steps: int, final_loss: float, clock: Clock,
                 peaks: list[float], memory_kind: str, stopped_by: str | None, device: Any, **more: Any) -> dict:
     """The summary's keys (the benchmark reads them); `more` adds the trainer's own
-    (checkpoints_saved, checkpoint_stall_s, stragglers, gradients: the path chosen)."""
+    (checkpoints_saved, checkpoint_stall_s, stragglers, gradients: the path chosen,
+    gradients_measured_ms: the all-reduce's milliseconds through MPI and gloo that --comm auto
+    chose it on, or None)."""
     return {**more,
         "side": "raw", "world_size": world_size, "global_batch": global_batch,
         "precision": precision, "steps": steps, "final_loss": final_loss,

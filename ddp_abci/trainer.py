@@ -310,7 +310,8 @@ class Trainer:
                 self.launch.world_size, cfg.global_batch, self.precision, self.step, last_loss, self.clock, peaks,
                 kind, signal_name(stopped_by) if stopped_by else None, self.device,
                 checkpoints_saved=self.checkpoints.saved, checkpoint_stall_s=self.checkpoints.stall_s,
-                stragglers=self.stragglers and self.stragglers.summary(), gradients=self.gradients.name))
+                stragglers=self.stragglers and self.stragglers.summary(), gradients=self.gradients.name,
+                gradients_measured_ms=self.gradients.measured_ms))
 
     @collective("model save")
     def _save_model(self) -> None:

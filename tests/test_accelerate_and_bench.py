@@ -8,6 +8,7 @@ import subprocess
 import pytest
 import torch
 
+from ddp_abci.parallel.gradients import GLOO_MARGIN
 from ddp_abci.parallel.rendezvous import free_port
 from helpers import PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, on_ranks, run
 
@@ -240,7 +241,12 @@ def test_a_link_run_measures_each_gradient_path_across_shaped_hosts_and_leaves_n
     assert link["rate"] == "100mbit" and set(link["sides"]) == {"raw", "textbook", "raw mpi", "raw gloo"}
     assert set(link["overlap"]) == {"raw", "raw mpi", "raw gloo"}
     assert link["allreduce_alone"]["mpi_ms"] > 0 and link["allreduce_alone"]["gloo_ms"] > 0
-    # --comm auto measured both paths across the link and took gloo: Open MPI's
-    # all-reduce of these 0.8 MB took twice as long over TCP (docs/benchmark.md).
-    assert link["raw_chose"] == ["gloo"]
+    # --comm auto measured both paths across the link at the run's start and took the one its
+    # rule gives. Which that is varies with the launch: the probe's Open MPI all-reduce of these
+    # 0.8 MB took twice gloo's time, but some launches' MPI ran as fast as gloo (a fresh clone's
+    # run chose MPI and trained at gloo's speed), so the choice is checked against the run's own
+    # measurement, not fixed.
+    [measured] = link["raw_measured_ms"]
+    assert measured["mpi"] > 0 and measured["gloo"] > 0
+    assert link["raw_chose"] == ["gloo" if measured["gloo"] < GLOO_MARGIN * measured["mpi"] else "mpi"]
     assert _network_devices() == before  # the namespaces, veths and tc rules are gone

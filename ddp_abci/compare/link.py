@@ -51,12 +51,14 @@ def run_link(args: argparse.Namespace, sides: list[str], run_side, summarise, ra
     if "samples_per_s" in gloo and "samples_per_s" in mpi:
         shown["throughput raw (MPI hook) / raw through gloo"] = mpi["samples_per_s"] / gloo["samples_per_s"]
     chosen = [r.get("gradients") for r in runs.get("raw", []) if not r.get("failed")]
+    measured = [r.get("gradients_measured_ms") for r in runs.get("raw", []) if not r.get("failed")]
     overlap = {side: _overlap(runs[side], alone.get(f"{path}_ms"))
                for side, path in (("raw", chosen[0] if chosen else None), ("raw mpi", "mpi"), ("raw gloo", "gloo"))}
     print(f"link {args.link}: " + ", ".join(f"{k} {v:.2f}" for k, v in shown.items() if v is not None)
           + f"; overlap {overlap}", flush=True)
     return {"rate": rate, "delay": delay or None, "sides": results, "ratios": shown, "allreduce_alone": alone,
-            "overlap": overlap, "raw_chose": chosen}
+            "overlap": overlap, "raw_chose": chosen,
+            "raw_measured_ms": measured}
 
 
 def _overlap(runs: list[dict], alone_ms: float | None) -> dict | None:

@@ -29,6 +29,7 @@ class GradientPath:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.measured_ms: dict[str, float] | None = None  # what --comm auto chose it on (measure_and_choose)
 
     def register(self, ddp: torch.nn.Module, watchdog: object = None) -> None:
         """Give DDP this path's hook (nothing: DDP's own all-reduce)."""
@@ -111,7 +112,9 @@ def measure_and_choose(gradient_bytes: int, watchdog: object = None) -> tuple[Gr
     # gloo only when clearly faster: near a tie, a measurement's noise would pick either path,
     # and two runs of one seed would then not end bit for bit alike (the paths sum differently).
     name = "gloo" if times[1] < GLOO_MARGIN * times[0] else "mpi"
-    return gradient_path(name), (f"gradients: an all-reduce of {nbytes / 1e6:.2f} MB took {times[0] * 1e3:.2f} ms "
+    chosen = gradient_path(name)
+    chosen.measured_ms = {"mpi": float(times[0] * 1e3), "gloo": float(times[1] * 1e3)}
+    return chosen, (f"gradients: an all-reduce of {nbytes / 1e6:.2f} MB took {times[0] * 1e3:.2f} ms "
                                  f"through MPI, {times[1] * 1e3:.2f} ms through gloo: via {name} (--comm auto)")
 
 
