@@ -70,7 +70,8 @@ def train_here(*args: str) -> subprocess.CompletedProcess:
 
 
 def error_lines(out: str) -> list[str]:
-    return [line for line in out.splitlines() if line.startswith("error:")]
+    # Open MPI 5 ends its MPI_ABORT banner with a NUL byte: a rank's line arriving after it starts with one.
+    return [line for line in out.replace("\0", "").splitlines() if line.startswith("error:")]
 
 
 def one_error(proc: subprocess.CompletedProcess, status: int = 2) -> str:
