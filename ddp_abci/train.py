@@ -51,4 +51,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # The run has closed all it opened (group, checkpoint writer, logs): what is left is memory.
+    # CPython's last collections at exit walk every object torch and torch._dynamo (which
+    # torch.optim loads) made, about 0.5 s a rank on this project's CI machine (a 2-rank 1-epoch
+    # run: 2.75 s, 2.21 s with the freeze); frozen objects are skipped, and the OS frees them.
+    # Atexit handlers (mpi4py's MPI_Finalize among them) still run.
+    import gc
+
+    gc.freeze()
+    sys.exit(status)
