@@ -408,6 +408,15 @@ back to prterun:
 ------------------------------------------------------------"""
 
 
+# Open MPI 5.0.11's banner when a rank calls MPI_Abort, as it prints it: with a NUL byte after it, so
+# that a rank's line forwarded after the banner starts with that byte (1 run in 6 of a failing fit()).
+ABORT_BANNER = """------------------------------------------------------------
+MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD
+  Errorcode: 2
+------------------------------------------------------------
+\0"""
+
+
 def _mpirun_printing(tmp_path, output: str, status: int = 1) -> str:
     (tmp_path / "mpirun.out").write_text(output + "\n")
     fake = tmp_path / "mpirun"
@@ -416,9 +425,11 @@ def _mpirun_printing(tmp_path, output: str, status: int = 1) -> str:
     return str(fake)
 
 
-def test_mpirun_losing_a_hosts_daemon_mid_run_is_a_lost_host_69_naming_it(tmp_path, localhost):
+@pytest.mark.parametrize("aborted", [False, True], ids=["mpirun's lines alone", "after a rank's MPI_Abort banner"])
+def test_mpirun_losing_a_hosts_daemon_mid_run_is_a_lost_host_69_naming_it(tmp_path, localhost, aborted):
     started = "ddp_abci: world size 2 (local 1), backend gloo\nepoch 10/1000 [4/4 batches]: loss 1.0\n"
-    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), MPIRUN=_mpirun_printing(tmp_path, started + LOST_DAEMON))
+    output = started + (ABORT_BANNER if aborted else "") + LOST_DAEMON  # the banner's NUL makes grep see binary
+    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), MPIRUN=_mpirun_printing(tmp_path, output))
     proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
     assert proc.returncode == 69 and "Open MPI lost its daemon on hostb" in proc.stdout, proc.stdout
     assert "status=69" in (tmp_path / "ck" / "status").read_text()  # a chain's next job resumes
@@ -428,15 +439,6 @@ def test_a_daemon_that_never_started_is_a_failed_launch_not_a_lost_host(tmp_path
     e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), MPIRUN=_mpirun_printing(tmp_path, LOST_DAEMON))
     proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
     assert proc.returncode == 1 and "failed unexpectedly" in proc.stdout and "lost its daemon" not in proc.stdout
-
-
-# Open MPI 5.0.11's banner when a rank calls MPI_Abort, as it prints it: with a NUL byte after it, so
-# that a rank's line forwarded after the banner starts with that byte (1 run in 6 of a failing fit()).
-ABORT_BANNER = """------------------------------------------------------------
-MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD
-  Errorcode: 2
-------------------------------------------------------------
-\0"""
 
 
 def test_a_ranks_error_line_after_mpis_abort_banner_is_the_one_recorded(tmp_path, localhost):

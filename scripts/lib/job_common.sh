@@ -428,8 +428,8 @@ lost_daemon_host() {
     grep -q '^ddp_abci: world size' "$OUTPUT" 2>/dev/null &&
         grep -q -e 'lost communication with a remote daemon' -e 'A daemon failed to report back' "$OUTPUT" ||
         return 1
-    local host
-    host=$(grep -o -e 'Remote daemon: .* on node [^ ]*' -e 'Remote host: *[^ ]*' "$OUTPUT" | head -n 1 | awk '{print $NF}')
+    local host  # -a: a rank's MPI_Abort banner ends in a NUL byte, and grep -o prints nothing from "binary" files
+    host=$(grep -a -o -e 'Remote daemon: .* on node [^ ]*' -e 'Remote host: *[^ ]*' "$OUTPUT" | head -n 1 | awk '{print $NF}')
     echo "${host:-a host}"
 }
 
