@@ -57,7 +57,7 @@ def three_hosts(tmp_path_factory, mpirun):
         lab.shape("hostb", "100mbit")
         started = time.monotonic()
         doctor = [PYTHON, "-m", "ddp_abci.doctor", "--ckpt-dir", str(ck), "--json", str(d / "report.json"),
-                  "--megabytes", "8"]
+                  "--megabytes", "8", "--largest-mb", "2"]
         cmd = lab.mpirun(MPIRUN, 1, doctor, ["-x", "PATH", "-x", "OMP_NUM_THREADS=1"])
         proc = lab.run_on("hosta", cmd, timeout=120, env=env())
         took = time.monotonic() - started
@@ -76,3 +76,10 @@ def test_a_checkpoint_folder_read_only_on_one_host_is_named(three_hosts):
     proc, _, report = three_hosts
     line = next(p for p in report["problems"] if "cannot be written there" in p)
     assert line.startswith("host hostc:") and "Read-only file system" in line, report["problems"]
+
+
+def test_largest_mb_ends_every_sweep_at_that_size(three_hosts):
+    _, _, report = three_hosts
+    for path, scopes in report["network"].items():
+        assert scopes["all"][-1]["bytes"] == 2 << 20, (path, scopes["all"])
+        assert all(row["bytes"] <= 2 << 20 for rows in scopes.values() for row in rows), (path, scopes)

@@ -110,8 +110,10 @@ class MPIPath:
         return self.comm.allreduce(seconds, op=MPI.MAX)
 
 
-def measure_network(launch: Launch, device: torch.device, hosts: list[str], watchdog: Any) -> dict:
-    """Collective: every path, every scope. Returns rank 0's view: {path: {scope: rows}}."""
+def measure_network(launch: Launch, device: torch.device, hosts: list[str], watchdog: Any,
+                    largest: int = SIZES[-1]) -> dict:
+    """Collective: every path, every scope, sizes up to `largest` bytes. Returns rank 0's view:
+    {path: {scope: rows}}."""
     by_host: dict[str, list[int]] = {}
     for rank, host in enumerate(hosts):
         by_host.setdefault(host, []).append(rank)
@@ -121,7 +123,7 @@ def measure_network(launch: Launch, device: torch.device, hosts: list[str], watc
     out: dict[str, dict] = {}
     for path, groups in _paths(launch, device, by_host, pairs):
         with watchdog.waiting(f"the doctor's {path} all-reduces"):
-            out[path] = _scopes(launch, groups, by_host, pairs)
+            out[path] = _scopes(launch, groups, by_host, pairs, largest)
     return out
 
 
@@ -152,7 +154,7 @@ def _paths(launch: Launch, device: torch.device, by_host: dict, pairs: list) -> 
     return paths
 
 
-def _scopes(launch: Launch, groups: dict, by_host: dict, pairs: list) -> dict:
+def _scopes(launch: Launch, groups: dict, by_host: dict, pairs: list, largest: int) -> dict:
     """Every scope in turn (a barrier between: pairs share hosts, and must not share time)."""
     from ..parallel.collectives import all_ranks, wait_for_everyone  # noqa: PLC0415
 
@@ -161,7 +163,7 @@ def _scopes(launch: Launch, groups: dict, by_host: dict, pairs: list) -> dict:
         if path is not None:
             members = len(by_host[scope[5:]]) if scope.startswith("host ") else 2 if scope.startswith("pair") \
                 else launch.world_size
-            sizes = PAIR_SIZES if scope.startswith("pair") else SIZES
+            sizes = [size for size in (PAIR_SIZES if scope.startswith("pair") else SIZES) if size <= largest]
             if members > 1:
                 mine[scope] = sweep(path, members, sizes)
         if scope.startswith("pair") or scope == "all":
