@@ -5,6 +5,7 @@ scheduler). Those tests are marked `launcher` here, from what they ask for, so t
 tiered by hand."""
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +35,15 @@ def mpirun() -> str:
     if not MPIRUN or not shutil.which(MPIRUN):
         pytest.fail("mpirun not found: run scripts/setup.sh (installs the mpi extra)")
     return MPIRUN
+
+
+@pytest.fixture(autouse=True)
+def no_stale_mpi_sessions():
+    """Tests SIGKILL mpirun, and Open MPI 5 then leaves its session folder (/tmp/ompi.PID): a later
+    mpirun given that PID fails at once ("The PMIx server's listener thread failed to start"), and
+    a suite's run goes through every PID (32768 here) in about 15 minutes. The job scripts remove
+    them too (clear_stale_mpi_sessions); here after every test, those whose process is gone."""
+    yield
+    for folder in Path(os.environ.get("TMPDIR", "/tmp")).glob("ompi.[0-9]*"):
+        if not Path("/proc", folder.name.split(".", 1)[1]).exists():
+            shutil.rmtree(folder, ignore_errors=True)

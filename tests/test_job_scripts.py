@@ -447,3 +447,15 @@ def test_a_ranks_error_line_after_mpis_abort_banner_is_the_one_recorded(tmp_path
     proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
     assert proc.returncode == 2, proc.stdout
     assert f"line={line}\n" in (tmp_path / "ck" / "status").read_text()
+
+
+def test_a_killed_mpiruns_leftover_session_is_removed_before_the_job_starts_its_own(tmp_path, localhost):
+    # Open MPI 5 fails at once (exit 213) when a new mpirun gets the PID of a SIGKILLed one whose
+    # session folder, TMPDIR/ompi.PID, is still there.
+    gone, alive = tmp_path / "ompi.99999999", tmp_path / f"ompi.{os.getpid()}"  # no PID reaches 99999999
+    gone.mkdir()
+    alive.mkdir()
+    mpirun = _mpirun_printing(tmp_path, "ddp_abci: world size 2 (local 2), backend gloo\ndone: 1 steps", 0)
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, TMPDIR=str(tmp_path), MPIRUN=mpirun))
+    assert "done: 1 steps" in proc.stdout, proc.stdout  # the job's own mpirun ran
+    assert not gone.exists() and alive.exists()

@@ -433,6 +433,20 @@ lost_daemon_host() {
     echo "${host:-a host}"
 }
 
+# Open MPI 5's mpirun keeps its session in $TMPDIR/ompi.PID (else /tmp) and leaves it there when
+# it is SIGKILLed (a walltime's kill, scancel --signal=KILL); a later mpirun on this node that gets
+# the same PID then fails at once: "The PMIx server's listener thread failed to start", exit 213
+# (reproduced with Open MPI 5.0.11: a stale copy made for the next PIDs). This job's user's ones whose
+# process is gone are removed before this job's mpirun starts (not in a dry run: it changes nothing).
+clear_stale_mpi_sessions() {
+    [ "${DRY_RUN:-0}" = 1 ] && return 0
+    local dir
+    for dir in "${TMPDIR:-/tmp}"/ompi.[0-9]*; do
+        [ -d "$dir" ] && [ -O "$dir" ] && [ ! -e "/proc/${dir##*.}" ] && rm -rf "$dir"
+    done
+    return 0
+}
+
 # record_status STATUS LINE: the job's own record in CKPT_DIR/status, as the run writes it
 # (checkpoint.write_status), atomically; `failures` counts exits 1 in a row within the chain.
 record_status() {
@@ -552,6 +566,7 @@ launch_training() {
         "${FORWARD[@]}" "${EXTRA_MPI[@]+"${EXTRA_MPI[@]}"}" "${RANK_CMD[@]}" "${TRAIN[@]}")
     echo "job $JOB_NUM: ${#NODES[@]} node(s) x $per_node rank(s) = $np, container ${CONTAINER}," \
         "${OMP_NUM_THREADS:-?} thread(s) per rank"
+    clear_stale_mpi_sessions
     run_doctor "$np"
     if [ "${DRY_RUN:-0}" = 1 ]; then
         echo "dry run: $(printf '%q ' "${cmd[@]}")"
