@@ -403,9 +403,7 @@ reconciled_status() {
             "training: that host, or the link to it, was lost; treated as 69"
     else
         if [ "$rc" = 2 ] || [ "$rc" = 1 ]; then
-            # tr: Open MPI 5 ends its MPI_ABORT banner with a NUL byte, and a rank's error line that
-            # arrives after the banner then starts with it (measured: 1 run in 6 of a failing fit()).
-            record_status "$rc" "$(tr -d '\000' < "$OUTPUT" 2>/dev/null | grep '^error:' | tail -n 1)"
+            record_status "$rc" "$(mpirun_output | grep '^error:' | tail -n 1)"
         fi
         echo "$rc"
     fi
@@ -428,9 +426,17 @@ lost_daemon_host() {
     grep -q '^ddp_abci: world size' "$OUTPUT" 2>/dev/null &&
         grep -q -e 'lost communication with a remote daemon' -e 'A daemon failed to report back' "$OUTPUT" ||
         return 1
-    local host  # -a: a rank's MPI_Abort banner ends in a NUL byte, and grep -o prints nothing from "binary" files
-    host=$(grep -a -o -e 'Remote daemon: .* on node [^ ]*' -e 'Remote host: *[^ ]*' "$OUTPUT" | head -n 1 | awk '{print $NF}')
+    local host
+    host=$(mpirun_output | grep -o -e 'Remote daemon: .* on node [^ ]*' -e 'Remote host: *[^ ]*' | head -n 1 |
+        awk '{print $NF}')
     echo "${host:-a host}"
+}
+
+# mpirun's output as text. Open MPI 5 ends its MPI_ABORT banner with a NUL byte (measured: 1 run in
+# 6 of a failing fit()): a rank's line that arrives after the banner starts with it, and grep takes
+# the file for binary, where -o and a plain match print nothing. (grep -q answers right either way.)
+mpirun_output() {
+    tr -d '\000' < "$OUTPUT" 2>/dev/null
 }
 
 # Open MPI 5's mpirun keeps its session in $TMPDIR/ompi.PID (else /tmp) and leaves it there when
