@@ -83,14 +83,15 @@ def chain(slurm, tmp_path_factory):
     assert slurm.wait(probe, 180)["ExitCode"] == "0:0", (d / "probe.out").read_text()
     figures = json.loads((d / "probe.json").read_text())
     start_s = figures["first_step_unix"] - figures["startup_unix"]["process_unix"]
-    # A job of -t 1:00 trains until its --stop-after, 60 s - 48 s of margin (the job scripts' shortest is 10 s;
-    # the job then ends early and the next starts: the chain takes less of the suite's time), less start-up.
-    # One and a half of that: the first job stops on its deadline even when it trains faster than the probe
-    # did (seen: 15 % slower), and one of the three after it ends the run.
-    max_steps = int(1.5 * figures["samples_per_s"] / 64 * (12 - start_s))
+    # A job of -t 1:00 trains until its --stop-after, 60 s - 44 s of margin (the job then ends early and the
+    # next starts: the chain takes less of the suite's time), less start-up. One and a half of that: the first
+    # job stops on its deadline even when it trains faster than the probe did, and one of the three after it
+    # ends the run. (With 12-s jobs, the 4 ranks' start-up took up to half of each, and under load the
+    # three after the first did not end the run.)
+    max_steps = int(1.5 * figures["samples_per_s"] / 64 * (16 - start_s))
     args = ["--epochs", "100000", "--max-steps", str(max_steps), *comm]
     out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-p", "2", "-t", "1m", "-c", "4", "--",
-                    *args, **{**SITE, **FOUR}, TRAIN_SCRIPT=FIT_SCRIPT, CKPT_DIR=str(d / "ck"), STOP_MARGIN_S="48",
+                    *args, **{**SITE, **FOUR}, TRAIN_SCRIPT=FIT_SCRIPT, CKPT_DIR=str(d / "ck"), STOP_MARGIN_S="44",
                     SUBMIT_DIR=str(d / "submit"), SBATCH_OUTPUT=str(d / "job-%j.out"))
     ids = [int(line) for line in out.stdout.splitlines() if line.isdigit()]  # the job ids: one a line
     assert out.returncode == 0 and len(ids) == 4, out.stdout
