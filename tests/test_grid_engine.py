@@ -80,16 +80,17 @@ def chain(grid_engine, header_job, tmp_path_factory):
     figures = header_job[2]
     steps_per_s = figures["samples_per_s"] / 50  # SMALL's --bs
     start_s = figures["first_step_unix"] - figures["startup_unix"]["process_unix"]
-    # -t 00:01:00: h_rt 60 s, s_rt 45 s; STOP_MARGIN_S=33 keeps all but about 11 s of it free (the
-    # job scripts' shortest --stop-after is 10 s), so a job trains for what start-up leaves of that
+    # -t 00:01:00: h_rt 60 s, s_rt 45 s; STOP_MARGIN_S=32 keeps all but about 12 s of it free (the
+    # job scripts give no --stop-after under 10 s, and the script's own seconds before it count: 1 or
+    # 2 under load), so a job trains for what start-up leaves of that
     # (and ends early: the chain takes less of the suite's time). Twice that: the first job stops on
     # its deadline even when it trains faster than the header's short run measured (seen: 10 % faster),
     # the second or third ends the run, and the ones after find it finished.
-    max_steps = int(2 * steps_per_s * (11 - start_s))
+    max_steps = int(2 * steps_per_s * (12 - start_s))
     args = ["--epochs", "100000", *SMALL, "--max-steps", str(max_steps)]
     out = grid_engine.run("bash", "scripts/submit.sh", "abci2", "-g", "grp", "-p", "2", "-t", "00:01:00", "-c", "4",
                           "--", *args, **grid_engine.site, CKPT_DIR=str(d / "ck"), SUBMIT_DIR=str(d / "submit"),
-                          STOP_MARGIN_S="33")
+                          STOP_MARGIN_S="32")
     ids = [int(line) for line in out.stdout.splitlines() if line.isdigit()]  # the job ids: one a line
     assert out.returncode == 0 and len(ids) == 4, out.stdout
     records = [grid_engine.wait(job, 200) for job in ids]
