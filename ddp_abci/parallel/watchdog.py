@@ -142,6 +142,7 @@ class Watchdog:
         # Heartbeats every 1/8 of the timeout (at most 5 s): from a quarter of the timeout on,
         # a waiting rank reads everyone's at least 5 times before it decides.
         self.interval = min(5.0, max(0.2, timeout_s / 8))
+        self.store_timeout_s = max(2 * self.interval, 1.0)
         self.seen: dict[int, Seen] = {}
         self.store_call_since: float | None = None  # a store call under way since then
         self.store_error = ""
@@ -217,7 +218,7 @@ class Watchdog:
             import torch.distributed as dist  # noqa: PLC0415  (a thread of its own: see the module docstring)
 
             store = self._store_call(dist.TCPStore, self.launch.master_addr, self.launch.master_port,
-                                     self.launch.world_size, False, timedelta(seconds=max(2 * self.interval, 1.0)))
+                                     self.launch.world_size, False, timedelta(seconds=self.store_timeout_s))
         except Exception as e:  # no store to reach: the watch thread still ends a hung job
             self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
             return
@@ -277,13 +278,21 @@ class Watchdog:
         """From a thread about to give the verdict: the heartbeat thread's errand, waited for
         a bounded time (a store that does not answer gives no places, and leaves the claim to us)."""
         errand = {"first": True, "where": {}, "within": min(12.0, 2 * self.interval + 2)}
-        if not self.store_ready or self.store_error:
+        if not self.store_ready or self.store_error or self._store_stuck():
             return errand
         self._errand_done.clear()
         self._errand = errand
         self._wake.set()
         self._errand_done.wait(errand["within"] + 3 * self.interval + 2)
         return errand
+
+    def _store_stuck(self) -> bool:
+        """A store call older than the store's own timeout will not come back (torch 2.13's
+        TCPStore client never returns once its server is stopped): the heartbeat thread it holds
+        runs no errand, and waiting for one made a frozen rank 0's verdict come 6.5 s after
+        --timeout 4 (29 s after the default 120) instead of at it."""
+        since = self.store_call_since
+        return since is not None and time.monotonic() - since > self.store_timeout_s
 
     def _store_call(self, call, *args):
         self.store_call_since = time.monotonic()
