@@ -1,9 +1,8 @@
 """The test tiers. A test that starts processes through a launcher asks for its fixture:
 `mpirun` (real ranks), `two_hosts` (network namespaces), `slurm` or `grid_engine` (a real
 scheduler). Those tests are marked `launcher` here, from what they ask for, so that
-`scripts/test.sh --quick` (pytest -m "not launcher") runs all the others, and the scheduler
-ones `scheduler` too (scripts/test.sh runs them beside the quick tier): no test is tiered by
-hand."""
+`scripts/test.sh --quick` (pytest -m "not launcher") runs all the others: no test is
+tiered by hand."""
 import os
 import shutil
 from pathlib import Path
@@ -15,21 +14,17 @@ for _var in [v for v in os.environ if v.startswith(("OMPI_COMM_WORLD", "PMI_", "
     del os.environ[_var]
 
 LAUNCHERS = {"mpirun", "two_hosts", "slurm", "grid_engine"}
-SCHEDULERS = {"slurm", "grid_engine"}
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts processes through mpirun, namespaces or a scheduler "
                                        "(set by conftest.py from the fixtures a test uses)")
-    config.addinivalue_line("markers", "scheduler: runs jobs under a real Slurm or Grid Engine (set by conftest.py)")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if LAUNCHERS & set(item.fixturenames):
             item.add_marker(pytest.mark.launcher)
-        if SCHEDULERS & set(item.fixturenames):
-            item.add_marker(pytest.mark.scheduler)
 
 
 @pytest.fixture(scope="session")
