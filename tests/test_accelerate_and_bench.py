@@ -43,12 +43,16 @@ def test_the_variant_ends_gloos_threads_before_exit(mpirun):
     assert_no_thread_outlives_the_process_group(proc)
 
 
-def test_the_ddp_floor_trains_through_ddp_with_the_mpi_hook_and_frees_the_group(mpirun):
+def test_the_ddp_floor_trains_through_ddp_on_the_trainers_gradient_path_and_frees_the_group(mpirun):
     proc = run([*on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.compare.probes"),
                 "floor", "--bs", "25", "--threads", "1", "--ddp", "--steps", "25"])
     assert_clean(proc)
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
-    assert result["step_ms"] > 0 and result["comm"] == "mpi"
+    # --comm auto's measurement, as the trainer makes it: on one host MPI usually wins, but a
+    # fresh clone's run measured gloo faster, so the path is checked against the measurement.
+    measured = result["measured_ms"]
+    assert result["step_ms"] > 0 and measured["mpi"] > 0 and measured["gloo"] > 0
+    assert result["comm"] == ("gloo" if measured["gloo"] < GLOO_MARGIN * measured["mpi"] else "mpi")
     assert_no_thread_outlives_the_process_group(proc)
 
 

@@ -60,12 +60,13 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> 
     with distributed(launch) as device:
         if threads:
             torch.set_num_threads(threads)
-        comm = resolve_comm("auto", launch, device)
+        comm, measured_ms = resolve_comm("auto", launch, device), None
         if comm == "measure":  # as the trainer chooses: by measuring the seed model's gradient
-            comm = measure_and_choose(4 * sum(p.numel() for p in build_model(0).parameters()))[0].name
+            path = measure_and_choose(4 * sum(p.numel() for p in build_model(0).parameters()))[0]
+            comm, measured_ms = path.name, path.measured_ms
         result = _floor_loop(launch, global_batch, steps, amp, device, lockstep=False, comm=comm)
         gc.collect()  # DDP's reducer sits in reference cycles: free it while the group is open
-    return dict(result, comm=comm)
+    return dict(result, comm=comm, measured_ms=measured_ms)
 
 
 def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockstep: bool,
