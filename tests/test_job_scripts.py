@@ -52,9 +52,9 @@ SCHEDULERS = {
 
 
 @pytest.mark.parametrize("script", sorted(SCHEDULERS))
-def test_the_job_script_trains_two_ranks_outside_its_scheduler(script, localhost, mpirun):
+def test_the_job_script_trains_two_ranks_outside_its_scheduler(script, localhost, tmp_path, mpirun):
     variables = SCHEDULERS[script](localhost)
-    e = job_env(localhost, **variables)
+    e = job_env(localhost, TMPDIR=str(tmp_path), **variables)
     if not e["NODEFILE"]:
         del e["NODEFILE"]  # found through the scheduler's own variable
     proc = run(["bash", script, *SMALL], env=e)
@@ -63,6 +63,17 @@ def test_the_job_script_trains_two_ranks_outside_its_scheduler(script, localhost
     # The job scripts' global batch is 256 unless one is given: 400 items make 2 steps (256, 144).
     assert "world size 2 (local 2)" in proc.stdout and "global batch 256" in proc.stdout
     assert "done: 2 steps" in proc.stdout
+    assert not list(tmp_path.glob("ddp_abci_*"))  # its host file and output copy are gone
+
+
+def test_a_job_script_removes_the_node_list_it_made_even_when_it_stops_on_an_error(tmp_path):
+    # Grid Engine without a parallel environment: the script writes its own host into a node list.
+    e = env(JOB_ID="1234", TMPDIR=str(tmp_path), CONTAINER="none", PYTHON=PYTHON, NPROC_PER_NODE="2", DRY_RUN="1")
+    assert run(["bash", "scripts/abci/train_abci2.sh"], env=e).returncode == 0
+    e.update(NHOSTS="3")  # more hosts than the node list: refused after the list was made
+    refused = run(["bash", "scripts/abci/train_abci2.sh"], env=e)
+    assert refused.returncode == 2 and "NHOSTS=3" in refused.stdout, refused.stdout
+    assert not list(tmp_path.glob("ddp_abci_*"))
 
 
 def test_train_args_and_the_checkpoint_folder_reach_the_trainer(localhost, tmp_path, mpirun):

@@ -20,7 +20,7 @@ cd "$REPO"
 # a job without a parallel environment runs on its own host.
 NODEFILE=${NODEFILE:-${SGE_JOB_HOSTLIST:-${PE_HOSTFILE:-}}}
 if [ -z "$NODEFILE" ] && [ -n "${JOB_ID:-}" ]; then
-    NODEFILE=$(mktemp "${TMPDIR:-/tmp}/ddp_abci_nodes.XXXXXX")
+    job_tmp NODEFILE nodes
     hostname >"$NODEFILE"
 fi
 JOB_NUM=${JOB_ID:-0}

@@ -37,6 +37,17 @@ die() {
     exit 2
 }
 
+# The script's own files (the node list, the host file, the copy of mpirun's output) go when it
+# exits, however it exits: a suite's short jobs had left 700 of them under /tmp.
+JOB_TMP=()
+trap 'rm -f "${JOB_TMP[@]+"${JOB_TMP[@]}"}"' EXIT
+job_tmp() {  # job_tmp VAR NAME: VAR is set to a new file ddp_abci_NAME.XXXXXX under TMPDIR, removed at exit
+    local file
+    file=$(mktemp "${TMPDIR:-/tmp}/ddp_abci_$2.XXXXXX") || die "cannot make a file under ${TMPDIR:-/tmp}: set TMPDIR"
+    JOB_TMP+=("$file")
+    printf -v "$1" %s "$file"
+}
+
 # NODES: unique hosts in node-file order (PBS and SGE repeat a host once per slot).
 read_nodes() {
     [ -n "${NODEFILE:-}" ] || die "no node file: run inside a job or set NODEFILE (a file with one host per line)"
@@ -153,7 +164,7 @@ rank_command() {
 }
 
 write_hostfile() {  # one "host slots=N" line per node
-    HOSTFILE=$(mktemp "${TMPDIR:-/tmp}/ddp_abci_hosts.XXXXXX")
+    job_tmp HOSTFILE hosts
     for node in "${NODES[@]}"; do echo "$node slots=$1"; done >"$HOSTFILE"
 }
 
@@ -555,7 +566,7 @@ run_doctor() {
         return 0
     fi
     "${cmd[@]}" || { echo "job $JOB_NUM: the doctor found the problems above: not training on this allocation" >&2
-        rm -f "$HOSTFILE"; exit 1; }
+        exit 1; }
 }
 
 # Start mpirun and wait (run_stoppable), then say what its exit status means. Its output also
@@ -576,18 +587,15 @@ launch_training() {
     run_doctor "$np"
     if [ "${DRY_RUN:-0}" = 1 ]; then
         echo "dry run: $(printf '%q ' "${cmd[@]}")"
-        rm -f "$HOSTFILE"
         return 0
     fi
     local rc=0 before
     before=$(status_print)
-    OUTPUT=$(mktemp "${TMPDIR:-/tmp}/ddp_abci_output.XXXXXX")
+    job_tmp OUTPUT output
     # The copy ignores Ctrl-C and SIGTERM: were it to die, mpirun's output would have nowhere to go.
     run_stoppable "${cmd[@]}" > >(trap '' INT TERM; exec tee "$OUTPUT") 2>&1 || rc=$?
     wait $! 2>/dev/null || true
-    rm -f "$HOSTFILE"
     rc=$(reconciled_status "$rc" "$before")
-    rm -f "$OUTPUT"
     stamp_chain "$before"
     exclude_slow_hosts
     explain_exit "$rc"
