@@ -15,11 +15,18 @@ def error_lines(proc):
     return [line for line in proc.stdout.splitlines() if line.startswith("error:")]
 
 
-def test_a_model_on_tuple_items_trains_checkpoints_and_evaluates(tmp_path):
-    proc = user_run(2, "tuples", tmp_path)
+@pytest.fixture(scope="module")
+def tuples_on_two(tmp_path_factory):
+    """The tuples model's whole run on 2 ranks (several tests read it: each launch costs seconds)."""
+    folder = tmp_path_factory.mktemp("tuples")
+    return user_run(2, "tuples", folder), folder
+
+
+def test_a_model_on_tuple_items_trains_checkpoints_and_evaluates(tuples_on_two):
+    proc, folder = tuples_on_two
     assert_clean(proc)
     assert "eval after epoch 3 (step 18): loss" in proc.stdout and "over 20 held-out items" in proc.stdout
-    state = load(tmp_path / "last.pt")
+    state = load(folder / "last.pt")
     assert set(state["model"]) == {"weight", "bias"} and state["step"] == 18 and state["train_items"] == 96
 
 
@@ -31,10 +38,10 @@ def test_a_model_with_batchnorm_and_two_inputs_on_dict_items_trains(tmp_path):
     assert "replicas agree" in proc.stdout
 
 
-def test_two_ranks_end_with_the_weights_of_one_rank_on_the_same_global_batch(tmp_path):
-    assert_clean(user_run(2, "tuples", tmp_path / "two"))
-    assert_clean(user_run(1, "tuples", tmp_path / "one"))
-    two, one = load(tmp_path / "two" / "last.pt")["model"], load(tmp_path / "one" / "last.pt")["model"]
+def test_two_ranks_end_with_the_weights_of_one_rank_on_the_same_global_batch(tuples_on_two, tmp_path):
+    assert_clean(tuples_on_two[0])
+    assert_clean(user_run(1, "tuples", tmp_path))
+    two, one = load(tuples_on_two[1] / "last.pt")["model"], load(tmp_path / "last.pt")["model"]
     for name in one:
         torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5)
 
@@ -55,10 +62,12 @@ def test_a_user_model_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path,
     ("vector-loss", "error: loss_fn returned a torch.float32 tensor of shape (8, 2); return one floating scalar"),
     ("raising-loss", "error: loss_fn(model, batch) raised KeyError: 'labels' on a first batch; fix the loss"),
 ])
-def test_a_broken_dataset_or_loss_is_one_line_on_every_rank_and_overwrites_nothing(tmp_path, kind, message):
-    assert_clean(user_run(2, "tuples", tmp_path, "--epochs", "1"))
-    before = (tmp_path / "last.pt").read_bytes()
-    proc = user_run(2, kind, tmp_path, "--resume")
+def test_a_broken_dataset_or_loss_is_one_line_on_every_rank_and_overwrites_nothing(tuples_on_two, tmp_path, kind,
+                                                                                    message):
+    assert_clean(tuples_on_two[0])
+    before = (tuples_on_two[1] / "last.pt").read_bytes()
+    (tmp_path / "last.pt").write_bytes(before)  # a good run's checkpoint, for the broken run to resume from
+    proc = user_run(2, kind, tmp_path, "--resume", "--epochs", "4")  # one epoch more than the good run
     assert proc.returncode == 2, proc.stdout
     errors = error_lines(proc)
     assert len(errors) == 1 and errors[0].startswith(message), proc.stdout
