@@ -71,7 +71,8 @@ PEER_SIDES = ("raw", "accelerate", "fabric", "textbook")
 
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory, mpirun):
-    """One round of all four sides and the decomposition (eleven mpiruns of one small epoch)."""
+    """One round of all four sides and the decomposition (ten mpiruns of one small epoch: the
+    decomposition's first entry is the textbook side's run)."""
     pytest.importorskip("lightning", reason="lightning comes with the test extra")
     return _bench(tmp_path_factory.mktemp("bench"), "--decompose", sides=",".join(PEER_SIDES))
 
@@ -119,6 +120,7 @@ def test_the_decomposition_goes_from_the_textbook_to_the_raw_trainer_one_named_s
     assert entries[0]["change"] == "the textbook script" and entries[0]["flags"] == []
     assert [e["flags"][-1] for e in entries[1:-1]] == [flag for flag, _ in SWITCHES]  # one more flag each
     assert entries[-1]["samples_per_s"] == report["sides"]["raw"]["samples_per_s"]  # ends at the raw side
+    assert entries[0]["samples_per_s"] == report["sides"]["textbook"]["samples_per_s"]  # starts at it: not run twice
     assert all(e["samples_per_s"] > 0 for e in entries)
     shares = [e["share_of_raw_lead"] for e in entries[1:]]
     assert sum(shares) == pytest.approx(1.0)  # the steps add up to the whole lead

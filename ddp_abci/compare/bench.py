@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {round_ + 1}/{args.rounds} {side}: " + (f"FAILED rc={r['rc']}" if r.get("failed")
                       else f"{r['samples_per_s']:,.0f} samples/s, wall {r['wall_s']:.1f}s"), flush=True)
             if args.decompose:  # the textbook with raw's choices, in the same rounds as the sides
-                decomposition_rounds.append(decomposition.run_round(args, run_side, Path(tmp), round_))
+                plain = runs["textbook"][-1] if "textbook" in runs else None
+                decomposition_rounds.append(decomposition.run_round(args, run_side, Path(tmp), round_, plain))
             if not args.no_probes and args.world_size > 1:  # the floor in the same minutes as the sides
                 lockstep_rounds.append(lockstep_floor(args))
                 ddp_rounds.append(lockstep_floor(args, ddp=True))

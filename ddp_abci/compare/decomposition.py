@@ -24,11 +24,13 @@ def steps() -> list[tuple[str, tuple[str, ...]]]:
     return out
 
 
-def run_round(args, run_side: Callable, workdir: Path, round_: int) -> list[dict]:
+def run_round(args, run_side: Callable, workdir: Path, round_: int, plain: dict | None = None) -> list[dict]:
     """One round of every entry but the raw trainer, in fresh mpiruns, the order reversed on
-    odd rounds (as the sides are)."""
+    odd rounds (as the sides are). `plain`: this round's run of the textbook side when --sides
+    has it, the same command as the first entry, so it is not run twice."""
     order = steps() if round_ % 2 == 0 else list(reversed(steps()))
-    results = {flags: run_side("textbook", args, workdir, round_, flags) for _, flags in order}
+    results = {flags: plain if plain is not None and not flags else run_side("textbook", args, workdir, round_, flags)
+               for _, flags in order}
     return [results[flags] for _, flags in steps()]
 
 
