@@ -69,7 +69,7 @@ def test_a_throttled_rank_is_named_within_two_report_intervals(throttle, comm):
 @pytest.mark.parametrize("comm", ["mpi", "gloo"])
 def test_a_healthy_run_names_nobody(tmp_path, comm):
     summary = tmp_path / "summary.json"
-    proc = subprocess.run(mpirun_cmd(2, "--epochs", "300", "--num-items", "400", "--comm", comm, "--log-every", "1",
+    proc = subprocess.run(mpirun_cmd(2, "--epochs", "150", "--num-items", "400", "--comm", comm, "--log-every", "1",
                                      "--summary-json", str(summary)),
                           cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout
