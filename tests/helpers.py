@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
 import signal
@@ -169,14 +168,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def bench(tmp_path: Path, *args: str, sides: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """One round of `python -m ddp_abci.bench` (no floor probes): its output and its JSON report."""
-    out = tmp_path / "bench.json"
-    proc = run([PYTHON, "-m", "ddp_abci.bench", "--rounds", "1", "--sides", sides, "--no-probes", *args,
-                "--out", str(out)], timeout=400)
-    return proc, json.loads(out.read_text())
 
 
 def load(path: Path) -> dict:
