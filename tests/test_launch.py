@@ -1,5 +1,7 @@
 """Launch discovery: the launch environments, their order, and the errors that stop a broken launch."""
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -21,7 +23,14 @@ from ddp_abci.environments import (
 )
 from ddp_abci.environments.schedulers import first_host_of_list
 from ddp_abci.parallel.launch import LaunchError, discover_launch
-from ddp_abci.parallel.rendezvous import AddressUnusable, check_bindable, interface_address, routable_address
+from ddp_abci.parallel.rendezvous import (
+    AddressUnusable,
+    check_bindable,
+    free_port,
+    interface_address,
+    routable_address,
+)
+from helpers import REPO, env
 
 
 @pytest.fixture
@@ -195,3 +204,43 @@ def test_with_mpi4py_mpirun_answers_even_where_torchrun_variables_were_copied_in
 
 def test_without_mpi4py_torchrun_inside_mpirun_is_the_innermost_launcher(no_mpi4py):
     assert type(detect_environment({**TORCHRUN, **OMPI})) is TorchRun
+
+
+HELD_UP_RANK_0 = """
+import datetime, sys, time
+import torch, torch.distributed as dist
+from ddp_abci.environments.base import Ranks
+from ddp_abci.parallel import rendezvous
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+
+
+class HeldUp(dist.TCPStore):  # rank 0 held up right after the others have its answer, as under load
+    def wait(self, *args):
+        super().wait(*args)
+        time.sleep(2)
+
+
+dist.TCPStore = HeldUp
+addr, kept = rendezvous.learn_rank0_address(Ranks(rank, 2, 0, 1), "127.0.0.1", port, "lo", 10)
+if rank == 0:
+    time.sleep(2)  # and again before its process group opens
+dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=10))
+total = torch.ones(1)
+dist.all_reduce(total)
+print("met", int(total.item()))
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_that_learned_rank_0s_address_meet_its_group_on_the_same_port_however_late_rank_0_comes():
+    # torchrun's variables and --interface: rank 1 learns rank 0's address at MASTER_PORT, and the
+    # group then meets on that port. Closing the first store and binding the port again let a rank
+    # arriving in between meet the closing server and wait out the whole timeout.
+    port = str(free_port("127.0.0.1"))
+    procs = [subprocess.Popen([sys.executable, "-c", HELD_UP_RANK_0, str(rank), port], cwd=REPO, env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [proc.communicate(timeout=60)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    assert all(out.strip().endswith("met 2") for out in outputs), outputs

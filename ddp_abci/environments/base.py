@@ -51,6 +51,9 @@ class Environment:
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self.environ = os.environ if environ is None else environ
+        # Rank 0's store where the others learned its address (rendezvous.learn_rank0_address):
+        # held as long as this object, the launch's, so that the group's store shares its server.
+        self.meeting_store: object | None = None
 
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
@@ -113,7 +116,9 @@ class Environment:
         # --interface names the network to meet on, and only rank 0 can read its own address
         # there: the others learn it from rank 0, met first at the host MASTER_ADDR or the
         # scheduler names (torchrun's MASTER_ADDR is often a host name on another network).
-        return rendezvous.learn_rank0_address(ranks, host, port, meeting.interface, meeting.timeout_s), port
+        addr, self.meeting_store = rendezvous.learn_rank0_address(ranks, host, port, meeting.interface,
+                                                                  meeting.timeout_s)
+        return addr, port
 
     # -- the end ------------------------------------------------------------------------
 

@@ -123,11 +123,16 @@ def free_port(addr: str) -> int:
 RANK0_ADDRESS_KEY = "ddp_abci/rank0_address"
 
 
-def learn_rank0_address(ranks, host: str, port: int, interface: str, timeout_s: float) -> str:
+def learn_rank0_address(ranks, host: str, port: int, interface: str, timeout_s: float) -> tuple[str, object]:
     """Rank 0's address on `interface`, on every rank, without MPI: only rank 0 can read its
     own interface, so every rank first meets it at `host` (what the launcher or scheduler
-    names; rank 0's store listens on all its addresses), reads its answer, and leaves. The
-    port is then free again for the process group (rebinding it took 0.7 ms here)."""
+    names; rank 0's store listens on all its addresses) and reads its answer there.
+
+    Returns the address and, on rank 0, the store, which the caller keeps until the process
+    group is open. Its server stays up and the group's store on the same port shares it
+    (multi_tenant, as init_process_group's tcp:// store is): were it closed and the port bound
+    again, a rank arriving between the two met the closing server and waited out the whole
+    timeout (rank 0 held up 2 s there, as under load: the group's meeting failed after 30 s)."""
     from datetime import timedelta  # noqa: PLC0415
 
     import torch.distributed as dist  # noqa: PLC0415  (the launch's light path loads no torch)
@@ -135,18 +140,15 @@ def learn_rank0_address(ranks, host: str, port: int, interface: str, timeout_s: 
     wait = timedelta(seconds=timeout_s)
     if ranks.rank == 0:
         addr = interface_address(interface)
-        store = dist.TCPStore(host, port, ranks.world_size, True, wait, wait_for_workers=False)
+        store = dist.TCPStore(host, port, ranks.world_size, True, wait, wait_for_workers=False, multi_tenant=True)
         store.set(RANK0_ADDRESS_KEY, addr)
-        store.wait([f"{RANK0_ADDRESS_KEY}/read/{r}" for r in range(1, ranks.world_size)], wait)
-        del store
-        return addr
+        return addr, store
     try:
         store = dist.TCPStore(host, port, ranks.world_size, False, wait)
         addr = store.get(RANK0_ADDRESS_KEY).decode()
-        store.set(f"{RANK0_ADDRESS_KEY}/read/{ranks.rank}", "1")
     except Exception as e:  # DistStoreError, a timeout: the same "could not meet" as the group's
         raise AddressUnusable(f"rank {ranks.rank} could not learn rank 0's address on {interface} from its host "
                               f"{host}:{port} within {timeout_s:g}s ({one_line(e)}); check that {host} is rank 0's "
                               "host and reachable, or set MASTER_ADDR") from None
     del store
-    return addr
+    return addr, None
