@@ -22,8 +22,14 @@ def accelerate_run(*args, through=("-m",)):
     return run(on_ranks(2, *through, "ddp_abci.accelerate_variant", *SMALL, *args, mpirun_args=rendezvous))
 
 
-def test_the_variant_trains_distributed_with_the_seeds_intended_global_batch(mpirun):
-    proc = accelerate_run()
+@pytest.fixture(scope="module")
+def variant_run(mpirun):
+    """The variant's run on 2 ranks, through tests/threads_at_exit.py (it reports the threads left)."""
+    return accelerate_run(through=("tests/threads_at_exit.py",))
+
+
+def test_the_variant_trains_distributed_with_the_seeds_intended_global_batch(variant_run):
+    proc = variant_run
     assert proc.returncode == 0, proc.stdout
     assert "world size 2" in proc.stdout and "split_batches=True, global batch 50" in proc.stdout
     # 400 items / global batch 50 = 8 steps; a rank training alone would take 16.
@@ -37,8 +43,8 @@ def test_the_seed_as_written_trains_with_bs_times_world_and_says_so(mpirun):
     assert "global step 4" in proc.stdout
 
 
-def test_the_variant_ends_gloos_threads_before_exit(mpirun):
-    proc = accelerate_run(through=("tests/threads_at_exit.py",))
+def test_the_variant_ends_gloos_threads_before_exit(variant_run):
+    proc = variant_run
     assert_clean(proc)
     assert_no_thread_outlives_the_process_group(proc)
 
@@ -222,14 +228,23 @@ def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks(mpirun):
 
 
 def test_sizes_report_each_model_size_with_its_sides_and_ratios(tmp_path, mpirun):
-    proc, report = _bench(tmp_path, "--sizes", "200x20,400x40", "--max-steps", "30", sides="raw,textbook")
+    # One size keeps the test short (each is a run of every side); a list works alike.
+    proc, report = _bench(tmp_path, "--sizes", "400x40", "--max-steps", "30", sides="raw,textbook")
     assert proc.returncode == 0, proc.stdout
     sizes = report["sizes"]
-    assert [(e["dim_in"], e["dim_hidden"], e["parameters"]) for e in sizes] == [(200, 20, 8220), (400, 40, 32440)]
+    assert [(e["dim_in"], e["dim_hidden"], e["parameters"]) for e in sizes] == [(400, 40, 32440)]
     for entry in sizes:
         assert set(entry["sides"]) == {"raw", "textbook"} and entry["sides"]["raw"]["samples_per_s"] > 0
         assert entry["ratios"]["throughput raw / textbook"] > 0
     assert (tmp_path / "bench-sizes.png").exists()
+
+
+def test_sizes_are_read_as_a_list_and_a_malformed_one_is_named():
+    from ddp_abci.compare.sizes import parameters, parse_sizes
+
+    assert parse_sizes("200x20,400x40") == [(200, 20), (400, 40)] and parameters(200, 20) == 8220
+    with pytest.raises(SystemExit, match=r"--sizes '400-40': give DIM_INxDIM_HIDDEN"):
+        parse_sizes("200x20,400-40")
 
 
 def _network_devices() -> set[str]:

@@ -61,6 +61,19 @@ def test_a_collective_that_waits_past_the_timeout_ends_the_job_with_exit_69_nami
     assert "the job ends (exit 69)" in line
 
 
+def test_a_collective_ended_by_gloos_own_timeout_is_judged_with_this_rank_still_in_it(monkeypatch):
+    # The process group's timeout is --timeout too, and under load it fired before the watch
+    # thread looked; the rank was then shown back in the training while the verdict was reached,
+    # and a disagreement was named "alive but never reached the collective".
+    watchdog, _ = _watchdog(timeout_s=10)
+    shown = []
+    monkeypatch.setattr(watchdog, "expire", lambda entry: shown.append((entry[0], watchdog.stack[-1][0])))
+    with watchdog.working("training"), pytest.raises(RuntimeError):
+        with watchdog.waiting("epoch loss reduce"):
+            raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting 4000ms")
+    assert shown == [("epoch loss reduce", "epoch loss reduce")]
+
+
 def test_local_work_is_not_timed_however_long():
     watchdog, ended = _watchdog(timeout_s=0.5)
     watchdog.start()

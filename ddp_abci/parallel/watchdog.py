@@ -94,14 +94,17 @@ class _Phase:
             # timed, and the watch thread's verdict names who stopped answering (exit 69),
             # where this rank's traceback (exit 1) would only blame the network.
             self.watchdog.await_verdict(error)
+        # gloo's own timeout (the process group's, the same --timeout) may fire before the
+        # watch thread looks: the same diagnosis, not a traceback. The phase stays on the stack
+        # meanwhile: popped first, this rank's heartbeats said it was back in the training, and
+        # the speaker (a lower rank, waited for) named it "alive but never reached the
+        # collective" instead of a disagreement (seen under load, where gloo's timeout came first).
+        if error is not None and self.entry[1] and timed_out(error):
+            self.watchdog.expire(self.watchdog.stack[-1])
         entry = self.watchdog.stack.pop()
         if entry[1]:  # the wait: the whole phase, or from when its own work ended (waits_from())
             began = max(entry[2], self.waits_from()) if self.waits_from is not None else entry[2]
             self.watchdog.waited_s += time.monotonic() - began
-        # gloo's own timeout (the process group's, the same --timeout) may fire before the
-        # watch thread looks: the same diagnosis, not a traceback.
-        if error is not None and entry[1] and timed_out(error):
-            self.watchdog.expire(entry)
 
 
 # gloo's words when the connection to a peer breaks: its process ended (aborted, killed) or
