@@ -2,7 +2,11 @@
 `mpirun` (real ranks), `two_hosts` (network namespaces), `slurm` or `grid_engine` (a real
 scheduler). Those tests are marked `launcher` here, from what they ask for, so that
 `scripts/test.sh --quick` (pytest -m "not launcher") runs all the others: no test is
-tiered by hand."""
+tiered by hand.
+
+A module whose tests assert nothing about time (no bound on how long something took, no speed,
+no timeout to be met, no namespaces) says so with `pytestmark = pytest.mark.untimed`: the full
+suite runs those at idle CPU priority beside the others (scripts/test.sh)."""
 import os
 import shutil
 from pathlib import Path
@@ -19,6 +23,8 @@ LAUNCHERS = {"mpirun", "two_hosts", "slurm", "grid_engine"}
 def pytest_configure(config):
     config.addinivalue_line("markers", "launcher: starts processes through mpirun, namespaces or a scheduler "
                                        "(set by conftest.py from the fixtures a test uses)")
+    config.addinivalue_line("markers", "untimed: asserts nothing about time; scripts/test.sh runs these at idle "
+                                       "CPU priority beside the others")
 
 
 def pytest_collection_modifyitems(config, items):

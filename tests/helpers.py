@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -38,14 +39,15 @@ def mpirun_cmd(n: int, *args: str, module: str = "ddp_abci.train") -> list[str]:
     return on_ranks(n, "-m", module, *args)
 
 
-def run(cmd: list[str], timeout: float = 90, **kw) -> subprocess.CompletedProcess:
-    """Run to completion; stdout and stderr merged into .stdout."""
+def run(cmd: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProcess:
+    """Run to completion; stdout and stderr merged into .stdout. The limit is a hang's backstop,
+    not a measurement: the untimed tests' jobs (scripts/test.sh) can wait a minute for a core."""
     kw.setdefault("env", env())
     return subprocess.run(cmd, cwd=kw.pop("cwd", REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, **kw)
 
 
-def run_mpi(n: int, *args: str, timeout: float = 90, **kw) -> subprocess.CompletedProcess:
+def run_mpi(n: int, *args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     return run(mpirun_cmd(n, *args), timeout=timeout, **kw)
 
 
@@ -168,6 +170,14 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def bench(tmp_path: Path, *args: str, sides: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """One round of `python -m ddp_abci.bench` (no floor probes): its output and its JSON report."""
+    out = tmp_path / "bench.json"
+    proc = run([PYTHON, "-m", "ddp_abci.bench", "--rounds", "1", "--sides", sides, "--no-probes", *args,
+                "--out", str(out)], timeout=400)
+    return proc, json.loads(out.read_text())
 
 
 def load(path: Path) -> dict:

@@ -1,16 +1,16 @@
 """The Accelerate variant really trains distributed, and the benchmark reports every side it ran:
 raw, Accelerate, Fabric, the textbook script, and where raw's lead over the textbook comes from."""
 import json
-import os
 import re
-import subprocess
 
 import pytest
 import torch
 
 from ddp_abci.parallel.gradients import GLOO_MARGIN
 from ddp_abci.parallel.rendezvous import free_port
-from helpers import PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, on_ranks, run
+from helpers import PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, bench, on_ranks, run
+
+pytestmark = pytest.mark.untimed
 
 pytest.importorskip("accelerate", reason="accelerate comes with the test extra: scripts/setup.sh installs it")
 
@@ -69,10 +69,7 @@ def test_the_variant_refuses_to_start_without_the_rendezvous_variables(mpirun):
 
 
 def _bench(tmp_path, *extra, sides="raw,accelerate"):  # the tests using it ask for mpirun
-    out = tmp_path / "bench.json"
-    proc = run([PYTHON, "-m", "ddp_abci.bench", "--rounds", "1", "--sides", sides, "--no-probes",
-                *SMALL, "--out", str(out), *extra], timeout=400)
-    return proc, json.loads(out.read_text())
+    return bench(tmp_path, *SMALL, *extra, sides=sides)
 
 
 PEER_SIDES = ("raw", "accelerate", "fabric", "textbook")
@@ -245,29 +242,3 @@ def test_sizes_are_read_as_a_list_and_a_malformed_one_is_named():
     assert parse_sizes("200x20,400x40") == [(200, 20), (400, 40)] and parameters(200, 20) == 8220
     with pytest.raises(SystemExit, match=r"--sizes '400-40': give DIM_INxDIM_HIDDEN"):
         parse_sizes("200x20,400-40")
-
-
-def _network_devices() -> set[str]:
-    names = subprocess.run(["ip", "-o", "link"], stdout=subprocess.PIPE, text=True).stdout
-    spaces = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
-    return {line.split(":")[1].strip() for line in names.splitlines()} | set(spaces.split())
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and tc need root")
-def test_a_link_run_measures_each_gradient_path_across_shaped_hosts_and_leaves_nothing_behind(tmp_path, mpirun):
-    before = _network_devices()
-    proc, report = _bench(tmp_path, "--link", "100mbit", "--max-steps", "30", sides="raw,textbook")
-    assert proc.returncode == 0, proc.stdout
-    link = report["link"]
-    assert link["rate"] == "100mbit" and set(link["sides"]) == {"raw", "textbook", "raw mpi", "raw gloo"}
-    assert set(link["overlap"]) == {"raw", "raw mpi", "raw gloo"}
-    assert link["allreduce_alone"]["mpi_ms"] > 0 and link["allreduce_alone"]["gloo_ms"] > 0
-    # --comm auto measured both paths across the link at the run's start and took the one its
-    # rule gives. Which that is varies with the launch: the probe's Open MPI all-reduce of these
-    # 0.8 MB took twice gloo's time, but some launches' MPI ran as fast as gloo (a fresh clone's
-    # run chose MPI and trained at gloo's speed), so the choice is checked against the run's own
-    # measurement, not fixed.
-    [measured] = link["raw_measured_ms"]
-    assert measured["mpi"] > 0 and measured["gloo"] > 0
-    assert link["raw_chose"] == ["gloo" if measured["gloo"] < GLOO_MARGIN * measured["mpi"] else "mpi"]
-    assert _network_devices() == before  # the namespaces, veths and tc rules are gone

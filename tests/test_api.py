@@ -1,7 +1,11 @@
 """The embedding API: cheap to import, usable without mpi4py, and the README's example runs."""
 import re
 
+import pytest
+
 from helpers import PYTHON, REPO, assert_clean, on_ranks, run
+
+pytestmark = pytest.mark.untimed
 
 
 def test_importing_the_package_loads_neither_torch_nor_mpi4py():

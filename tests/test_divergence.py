@@ -11,6 +11,8 @@ from ddp_abci.parallel.signals import StopRequest
 from ddp_abci.parallel.stopping import FP16_SKIPS, GRAD_NORM, LOSS, OK, StopAgreement
 from helpers import assert_clean, error_lines, load, run_mpi, train_here
 
+pytestmark = pytest.mark.untimed
+
 SMALL = ["--num-items", "400", "--bs", "50", "--seed", "3"]  # 8 steps an epoch
 
 

@@ -8,6 +8,8 @@ from reference import item, reference_run
 
 from helpers import assert_clean, load, on_ranks, run, run_mpi, train_here
 
+pytestmark = pytest.mark.untimed
+
 # 400 items, global batch 50 on 2 ranks: 8 micro-batches an epoch.
 SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "1", "--seed", "3"]
 

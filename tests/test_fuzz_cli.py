@@ -25,6 +25,8 @@ from ddp_abci.seed_job import SeedJob
 from ddp_abci.trainer import Trainer
 from helpers import assert_clean, train
 
+pytestmark = pytest.mark.untimed
+
 EXAMPLES = 100  # about 30 s here; CI's budget for this test is a minute
 # Valid values three times over, so that most generated lines get past the flags and
 # exercise the later checks (launch, files, data, model) too.

@@ -7,6 +7,8 @@ import torch
 from ddp_abci.parallel.rendezvous import free_port
 from helpers import PYTHON, assert_clean, env, load, on_ranks, run
 
+pytestmark = pytest.mark.untimed
+
 ONE_EPOCH = ["--epochs", "1", "--seed", "0", "--bs", "50"]
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from helpers import PYTHON, assert_clean, run, run_mpi, train_here
 
+pytestmark = pytest.mark.untimed
+
 RUN = ["--epochs", "3", "--num-items", "800", "--bs", "50"]  # 16 steps an epoch, 48 in all
 
 

@@ -16,7 +16,7 @@ from helpers import (
     same_tensors,
 )
 
-pytestmark = pytest.mark.usefixtures("mpirun")
+pytestmark = [pytest.mark.usefixtures("mpirun"), pytest.mark.untimed]
 
 # 400 items, global batch 50 on 2 ranks: 8 steps an epoch, 2 epochs (a reshuffle between).
 SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "2", "--seed", "3"]

@@ -4,7 +4,7 @@ import torch
 
 from helpers import REPO, assert_clean, load, on_ranks, run, same_tensors
 
-pytestmark = pytest.mark.usefixtures("mpirun")
+pytestmark = [pytest.mark.usefixtures("mpirun"), pytest.mark.untimed]
 
 
 def user_run(n, kind, ckpt_dir, *args):
