@@ -47,7 +47,7 @@ fi
 # The full suite in two lanes. The suite is CPU-bound launch by launch, yet a quarter of the two
 # cores' time is idle (scheduler waits, watchdog timeouts: docs/testing.md). The tests that assert
 # nothing about time (marked untimed) fill it at SCHED_IDLE priority, which runs only where a core
-# would otherwise idle, so the timed tests see the machine as if alone.
+# would otherwise idle: the timed tests get the cores whenever they want them.
 lane=$(mktemp -d)
 chrt --idle 0 .venv/bin/python -m pytest -m untimed -p no:cacheprovider --basetemp "$lane/tmp" >"$lane/log" 2>&1 &
 untimed=$!
