@@ -446,6 +446,19 @@ def test_mpirun_losing_a_hosts_daemon_mid_run_is_a_lost_host_69_naming_it(tmp_pa
     assert "status=69" in (tmp_path / "ck" / "status").read_text()  # a chain's next job resumes
 
 
+def test_the_verdict_reads_mpiruns_lines_that_reach_the_copy_after_it_exits(tmp_path, localhost):
+    # Under load the job's copy of mpirun's output can trail mpirun's exit (1 run of the suite in
+    # its two lanes): here a child of the stand-in mpirun writes the lost daemon's lines after it.
+    (tmp_path / "late.out").write_text(LOST_DAEMON + "\n")
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'ddp_abci: world size 2 (local 1), backend gloo'\n"
+                    f"(sleep 1; cat '{tmp_path / 'late.out'}') &\nexit 1\n")
+    fake.chmod(0o755)
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, CKPT_DIR=str(tmp_path / "ck"),
+                                                                     MPIRUN=str(fake)))
+    assert proc.returncode == 69 and "Open MPI lost its daemon on hostb" in proc.stdout, proc.stdout
+
+
 def test_a_daemon_that_never_started_is_a_failed_launch_not_a_lost_host(tmp_path, localhost):
     e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), MPIRUN=_mpirun_printing(tmp_path, LOST_DAEMON))
     proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)

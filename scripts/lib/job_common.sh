@@ -517,6 +517,17 @@ stamp_chain() {
 # them within half a second, their last lines unprinted (measured: docs/reliability.md).
 # CMD runs in its own process group (set -m), so a terminal's Ctrl-C reaches this shell
 # only; a second Ctrl-C ends CMD at once. Returns CMD's exit status.
+# wait_for_copy PID: the verdict on mpirun's exit reads its copied output, so wait until the copy
+# has its last lines; it can trail mpirun's exit under load (a test saw the verdict miss them). At
+# most 10 s: a process that outlives mpirun and holds the pipe open must not hold the job.
+wait_for_copy() {
+    local polls=0
+    while kill -0 "$1" 2>/dev/null && [ "$polls" -lt 200 ]; do
+        sleep 0.05
+        polls=$((polls + 1))
+    done
+}
+
 run_stoppable() {
     set -m
     "$@" &
@@ -589,12 +600,15 @@ launch_training() {
         echo "dry run: $(printf '%q ' "${cmd[@]}")"
         return 0
     fi
-    local rc=0 before
+    local rc=0 before copy copier
     before=$(status_print)
     job_tmp OUTPUT output
     # The copy ignores Ctrl-C and SIGTERM: were it to die, mpirun's output would have nowhere to go.
-    run_stoppable "${cmd[@]}" > >(trap '' INT TERM; exec tee "$OUTPUT") 2>&1 || rc=$?
-    wait $! 2>/dev/null || true
+    exec {copy}> >(trap '' INT TERM; exec tee "$OUTPUT")
+    copier=$!
+    run_stoppable "${cmd[@]}" >&"$copy" 2>&1 {copy}>&- || rc=$?
+    exec {copy}>&-
+    wait_for_copy "$copier"
     rc=$(reconciled_status "$rc" "$before")
     stamp_chain "$before"
     exclude_slow_hosts
