@@ -172,6 +172,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
+BENCH_SMALL = ("--num-items", "400", "--bs", "50", "--epochs", "1")  # one small epoch: 8 steps of 50
+
+
 def bench(tmp_path: Path, *args: str, sides: str) -> tuple[subprocess.CompletedProcess, dict]:
     """One round of `python -m ddp_abci.bench` (no floor probes): its output and its JSON report."""
     out = tmp_path / "bench.json"

@@ -8,18 +8,24 @@ import torch
 
 from ddp_abci.parallel.gradients import GLOO_MARGIN
 from ddp_abci.parallel.rendezvous import free_port
-from helpers import PYTHON, assert_clean, assert_no_thread_outlives_the_process_group, bench, on_ranks, run
+from helpers import (
+    BENCH_SMALL,
+    PYTHON,
+    assert_clean,
+    assert_no_thread_outlives_the_process_group,
+    bench,
+    on_ranks,
+    run,
+)
 
 pytestmark = pytest.mark.untimed
 
 pytest.importorskip("accelerate", reason="accelerate comes with the test extra: scripts/setup.sh installs it")
 
-SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "1"]
-
 
 def accelerate_run(*args, through=("-m",)):
     rendezvous = ("-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port('127.0.0.1')}")
-    return run(on_ranks(2, *through, "ddp_abci.accelerate_variant", *SMALL, *args, mpirun_args=rendezvous))
+    return run(on_ranks(2, *through, "ddp_abci.accelerate_variant", *BENCH_SMALL, *args, mpirun_args=rendezvous))
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +69,13 @@ def test_the_ddp_floor_trains_through_ddp_on_the_trainers_gradient_path_and_free
 
 
 def test_the_variant_refuses_to_start_without_the_rendezvous_variables(mpirun):
-    proc = run(on_ranks(2, "-m", "ddp_abci.accelerate_variant", *SMALL))
+    proc = run(on_ranks(2, "-m", "ddp_abci.accelerate_variant", *BENCH_SMALL))
     assert proc.returncode != 0
     assert "Accelerate needs MASTER_ADDR and MASTER_PORT" in proc.stdout
 
 
 def _bench(tmp_path, *extra, sides="raw,accelerate"):  # the tests using it ask for mpirun
-    return bench(tmp_path, *SMALL, *extra, sides=sides)
+    return bench(tmp_path, *BENCH_SMALL, *extra, sides=sides)
 
 
 PEER_SIDES = ("raw", "accelerate", "fabric", "textbook")

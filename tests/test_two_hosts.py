@@ -17,7 +17,7 @@ import pytest
 
 from ddp_abci.compare.netlab import SUBNET_PREFIX, NetLab, sh
 from ddp_abci.parallel.gradients import GLOO_MARGIN
-from helpers import MPIRUN, PYTHON, REPO, bench, env, load, wait_for_line
+from helpers import BENCH_SMALL, MPIRUN, PYTHON, REPO, bench, env, load, wait_for_line
 
 UNREACHABLE = f"{SUBNET_PREFIX}.250.1"  # outside every lab's /24: an address of host A's that B has no route to
 
@@ -187,9 +187,6 @@ def test_a_cut_link_ends_the_job_script_within_the_timeout_with_exit_69(two_host
     # (its errors are fatal to the rank: no Python runs to record anything), the job script's.
     assert status["status"] == "69" and ("stopped answering" in status["line"] or "was lost" in status["line"]), status
     assert "resubmit with the same CKPT_DIR" in out and load(tmp_path / "ck" / "last.pt")["step"] > 0
-
-
-BENCH_SMALL = ["--num-items", "400", "--bs", "50", "--epochs", "1"]  # the benchmark's small run, as its own tests
 
 
 def _network_devices() -> set[str]:
