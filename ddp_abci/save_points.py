@@ -46,7 +46,7 @@ class SavePoints:
             return None
         self.measured = True
         self.interval_s = young_interval_s(stall_s, self.mtbf_s)
-        return (f"save interval: auto chose {self.interval_s / 60:.1f} min = sqrt(2 x {stall_s:.2f} s stall of the "
+        return (f"save interval: auto chose {self.interval_s / 60:.3g} min = sqrt(2 x {stall_s:.2f} s stall of the "
                 f"first save x {self.mtbf_s / 3600:g} h MTBF) (Young 1974): the interval that loses the least work "
                 "to failures; set --mtbf-hours to your cluster's")
 
