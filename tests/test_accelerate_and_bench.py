@@ -168,6 +168,7 @@ def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tmp_path, m
     for entry in sweep:
         assert set(entry["sides"]) == {"raw1", "raw", "accelerate"}
         assert all(side["samples_per_s"] > 0 and side["first_step_s"] > 0 for side in entry["sides"].values())
+        # the floor probes' own runs, one process and 2 ranks in lockstep (compare/probes.py floor)
         assert entry["floors"]["one_process"] > 0 and entry["floors"]["lockstep"] > 0
     assert out.with_name("sweep-sweep.png").exists()
 
@@ -216,15 +217,9 @@ def test_the_ddp_floor_is_compared_with_the_raw_side_and_with_the_lockstep_floor
     assert out["DDP floor / lockstep floor"] == pytest.approx(0.9)
 
 
-def test_the_probes_measure_a_floor_and_the_all_reduce_on_real_ranks(mpirun):
-    floor = run([PYTHON, "-m", "ddp_abci.compare.probes", "floor", "--bs", "50", "--steps", "25"])
-    assert floor.returncode == 0, floor.stdout
-    assert json.loads(floor.stdout.splitlines()[-1])["samples_per_s"] > 0
-    on_two = on_ranks(2, "-m", "ddp_abci.compare.probes")
-    lockstep = run([*on_two, "floor", "--bs", "25", "--threads", "1", "--lockstep", "--steps", "25"])
-    assert lockstep.returncode == 0, lockstep.stdout
-    assert json.loads(lockstep.stdout.splitlines()[-1])["step_ms"] > 0
-    both = run([*on_two, "allreduce", "--iters", "25"])
+def test_the_all_reduce_probe_times_gloo_and_mpi_on_real_ranks(mpirun):
+    # (The floor probes, alone and in lockstep, run for real in the sweep's test: its floors.)
+    both = run([*on_ranks(2, "-m", "ddp_abci.compare.probes"), "allreduce", "--iters", "25"])
     assert both.returncode == 0, both.stdout
     times = json.loads(both.stdout.splitlines()[-1])
     assert times["world_size"] == 2 and times["gloo_ms"] > 0 and times["mpi_ms"] > 0
