@@ -139,7 +139,7 @@ def test_sigterm_to_a_bare_mpirun_leaves_a_whole_checkpoint(tmp_path, mpirun):
 def test_stop_after_ends_a_long_run_with_75_inside_its_limit_and_resumes_exactly(tmp_path, mpirun):
     long_run = ["--epochs", "100000", "--num-items", "400"]  # hours of work: only the deadline ends it
     started = time.monotonic()
-    proc = run_mpi(2, *long_run, "--ckpt-dir", str(tmp_path / "a"), "--stop-after", "8", timeout=60)
+    proc = run_mpi(2, *long_run, "--ckpt-dir", str(tmp_path / "a"), "--stop-after", "6", timeout=60)
     took = time.monotonic() - started
     assert proc.returncode == 75 and "stopped on the --stop-after deadline" in proc.stdout, proc.stdout
     assert took < 20 and "deadline: --stop-after" in proc.stdout

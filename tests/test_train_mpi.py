@@ -88,20 +88,33 @@ def test_a_batch_that_does_not_divide_is_one_line_before_any_work():
     assert "training:" not in proc.stdout
 
 
-def test_gradients_through_mpi_equal_the_gloo_path_to_float_precision(two_rank_run, tmp_path):
-    proc = run_mpi(2, *SMALL, "--ckpt-dir", str(tmp_path), "--comm", "gloo")
+@pytest.fixture(scope="module")
+def via_gloo(tmp_path_factory):
+    """SMALL with gradients through gloo, to its end, reporting the threads left at exit."""
+    ckpt_dir = tmp_path_factory.mktemp("gloo")
+    proc = run(on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.train", *SMALL, "--comm", "gloo",
+                        "--ckpt-dir", str(ckpt_dir)))
+    return proc, load(ckpt_dir / "last.pt")
+
+
+def test_gradients_through_mpi_equal_the_gloo_path_to_float_precision(two_rank_run, via_gloo):
+    proc, state = via_gloo
     assert_clean(proc)
     assert "gradients via gloo" in proc.stdout and "gradients via mpi" in two_rank_run[0].stdout
-    via_gloo = load(tmp_path / "last.pt")["model"]
     for name, tensor in two_rank_run[1]["model"].items():
-        torch.testing.assert_close(via_gloo[name], tensor, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(state["model"][name], tensor, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("comm", ["gloo", "mpi"])
-def test_closing_the_process_group_ends_gloos_threads_before_exit(comm, tmp_path):
-    # A mid-epoch stop: the path that saves, checks the replicas and gathers the summary last.
+def test_closing_the_process_group_ends_gloos_threads_before_exit_at_the_end_of_a_run(via_gloo):
+    assert_clean(via_gloo[0])
+    assert_no_thread_outlives_the_process_group(via_gloo[0])
+
+
+def test_closing_the_process_group_ends_gloos_threads_before_exit_after_a_mid_epoch_stop(tmp_path):
+    # The path that saves, checks the replicas and gathers the summary last; gradients via MPI,
+    # so that gloo serves the group's other collectives only
     proc = run(on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.train",
-                        *SMALL, "--comm", comm, "--max-steps", "11", "--ckpt-dir", str(tmp_path)))
+                        *SMALL, "--comm", "mpi", "--max-steps", "11", "--ckpt-dir", str(tmp_path)))
     assert_clean(proc)
     assert_no_thread_outlives_the_process_group(proc)
 

@@ -30,10 +30,24 @@ def test_a_model_on_tuple_items_trains_checkpoints_and_evaluates(tuples_on_two):
     assert set(state["model"]) == {"weight", "bias"} and state["step"] == 18 and state["train_items"] == 96
 
 
-def test_a_model_with_batchnorm_and_two_inputs_on_dict_items_trains(tmp_path):
-    proc = user_run(2, "dicts", tmp_path)
+@pytest.fixture(scope="module")
+def whole_noisy_run(tmp_path_factory):
+    """A model's uninterrupted run with --noise (the dataset draws from numpy's global RNG), made
+    once a module: the dicts model's serves two tests."""
+    runs = {}
+
+    def run_of(kind):
+        if kind not in runs:
+            folder = tmp_path_factory.mktemp(f"{kind}-whole")
+            runs[kind] = user_run(2, kind, folder, "--noise"), folder
+        return runs[kind]
+    return run_of
+
+
+def test_a_model_with_batchnorm_and_two_inputs_on_dict_items_trains(whole_noisy_run):
+    proc, folder = whole_noisy_run("dicts")
     assert_clean(proc)
-    state = load(tmp_path / "last.pt")
+    state = load(folder / "last.pt")
     assert state["model"]["norm.num_batches_tracked"].item() == 18  # the buffers trained too
     assert "replicas agree" in proc.stdout
 
@@ -47,14 +61,15 @@ def test_two_ranks_end_with_the_weights_of_one_rank_on_the_same_global_batch(tup
 
 
 @pytest.mark.parametrize("kind", ["tuples", "dicts"])
-def test_a_user_model_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path, kind):
-    # --noise: the dataset draws from numpy's global RNG, which the checkpoint must restore per rank.
-    assert_clean(user_run(2, kind, tmp_path / "whole", "--noise"))
-    assert_clean(user_run(2, kind, tmp_path / "split", "--noise", "--max-steps", "8"))  # mid-epoch 2
-    resumed = user_run(2, kind, tmp_path / "split", "--noise", "--resume")
+def test_a_user_model_stopped_and_resumed_equals_the_uninterrupted_run(whole_noisy_run, tmp_path, kind):
+    # --noise: numpy's global RNG, which the checkpoint must restore per rank.
+    whole, folder = whole_noisy_run(kind)
+    assert_clean(whole)
+    assert_clean(user_run(2, kind, tmp_path, "--noise", "--max-steps", "8"))  # mid-epoch 2
+    resumed = user_run(2, kind, tmp_path, "--noise", "--resume")
     assert_clean(resumed)
     assert "at epoch 1, batch 2, step 8" in resumed.stdout
-    assert same_tensors(load(tmp_path / "whole" / "last.pt")["model"], load(tmp_path / "split" / "last.pt")["model"])
+    assert same_tensors(load(folder / "last.pt")["model"], load(tmp_path / "last.pt")["model"])
 
 
 @pytest.mark.parametrize("kind, message", [
