@@ -5,8 +5,9 @@ scheduler). Those tests are marked `launcher` here, from what they ask for, so t
 tiered by hand.
 
 A module whose tests assert nothing about time (no bound on how long something took, no speed,
-no timeout to be met, no namespaces) says so with `pytestmark = pytest.mark.untimed`: the full
-suite runs those at idle CPU priority beside the others (scripts/test.sh)."""
+no timeout to be met, no namespaces) says so with `pytestmark = pytest.mark.untimed`, a single
+test with `@pytest.mark.untimed`: the full suite runs those at idle CPU priority beside the
+others (scripts/test.sh)."""
 import os
 import shutil
 from pathlib import Path
@@ -27,10 +28,18 @@ def pytest_configure(config):
                                        "CPU priority beside the others")
 
 
+# The modules whose tests mostly wait on clocks (walltimes, timeouts, report intervals) run first:
+# in the full suite the untimed lane fills those waits, and the CPU-bound rest, last, keeps both
+# cores busy after that lane has finished (a fresh clone's last minute, with them last, ran at
+# 50 to 65 % of the two cores: docs/testing.md).
+WAITING = ("test_slurm.py", "test_grid_engine.py", "test_watchdog.py", "test_two_hosts.py", "test_stragglers.py")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if LAUNCHERS & set(item.fixturenames):
             item.add_marker(pytest.mark.launcher)
+    items.sort(key=lambda item: item.path.name not in WAITING)  # stable: each module's order kept
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("mpirun")
 
 
 def stream_run(kind, out, *flags, **kw):
-    return run(on_ranks(2, "tests/stream_script.py", kind, str(out), *flags), timeout=120, **kw)
+    return run(on_ranks(2, "tests/stream_script.py", kind, str(out), *flags), **kw)
 
 
 def trained(out: Path, rank: int) -> list[int]:
@@ -28,6 +28,7 @@ def trained(out: Path, rank: int) -> list[int]:
     return [int(x) for line in path.read_text().splitlines() for x in line.split()] if path.exists() else []
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("workers", ["0", "2"])
 def test_a_plain_stream_trains_each_item_once_an_epoch_shared_by_rank_and_worker(tmp_path, workers):
     proc = stream_run("numbered", tmp_path, "--workers", workers)
@@ -36,6 +37,7 @@ def test_a_plain_stream_trains_each_item_once_an_epoch_shared_by_rank_and_worker
     assert sorted(trained(tmp_path, 0) + trained(tmp_path, 1)) == list(range(1000))
 
 
+@pytest.mark.untimed
 def test_uneven_shares_end_the_epoch_on_every_rank_at_the_same_step_saying_what_was_dropped(tmp_path):
     proc = stream_run("uneven", tmp_path)
     assert_clean(proc)
@@ -44,6 +46,7 @@ def test_uneven_shares_end_the_epoch_on_every_rank_at_the_same_step_saying_what_
     assert len(trained(tmp_path, 0)) == len(trained(tmp_path, 1)) == 250
 
 
+@pytest.mark.untimed
 def test_a_plain_stream_stopped_mid_epoch_replays_to_its_position_and_trains_each_item_once(tmp_path):
     stopped = stream_run("numbered", tmp_path, "--ckpt-dir", str(tmp_path / "ck"), "--max-steps", "17")
     assert_clean(stopped)
@@ -150,13 +153,14 @@ def test_a_mid_epoch_stream_position_for_another_world_size_is_refused_in_one_li
     stream.load_state_dict({"epoch": 1, "trained": 0, "workers": {}, "turn": 0, "world_size": 2, "worker_count": 1})
 
 
+@pytest.mark.untimed
 def test_the_shards_example_trains_on_files_it_writes_and_resumes_where_it_stopped(tmp_path):
     shards, ck = tmp_path / "shards", tmp_path / "ck"
     first = run(on_ranks(2, "-m", "ddp_abci.examples.shards", "--epochs", "2", "--max-steps", "100", "--workers", "2",
-                         "--ckpt-dir", str(ck), "--shards", str(shards)), timeout=120)
+                         "--ckpt-dir", str(ck), "--shards", str(shards)))
     assert first.returncode == 0 and "done: 100 steps" in first.stdout, first.stdout
     assert len(list(shards.glob("shard-*.jsonl"))) == 16
     again = run(on_ranks(2, "-m", "ddp_abci.examples.shards", "--epochs", "2", "--workers", "2", "--ckpt-dir",
-                         str(ck), "--shards", str(shards), "--resume"), timeout=120)
+                         str(ck), "--shards", str(shards), "--resume"))
     assert again.returncode == 0 and "resume:" in again.stdout and "step 100" in again.stdout, again.stdout
     assert "done: 248 steps" in again.stdout, again.stdout
