@@ -20,12 +20,20 @@ MPIRUN = shutil.which("mpirun", path=str(Path(PYTHON).parent)) or shutil.which("
 LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "OMP_NUM_THREADS")
 
 
+# Open MPI spins while a rank waits for the others, and yields the core instead when it sees its
+# node oversubscribed (ompi_info: mpi_yield_when_idle). The suite's two lanes, and the labs' nodes,
+# share this machine's 2 cores among more ranks than any one mpirun sees: two 2-rank --comm mpi
+# trainings side by side took 6.6 s and 12 to 13 core-seconds yielding, 8.1 to 9.8 s and 15 to 19
+# spinning (docs/testing.md).
+YIELDING_MPI = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
 def env(**extra: str) -> dict[str, str]:
     """The test process's environment, minus launcher variables that would leak into the job,
     plus what Open MPI needs to start as root (tests and scripts set it, never the library)."""
     e = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
     e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
-             OMPI_MCA_btl="self,sm,tcp")  # MPI_Init 0.1 s instead of 1.1 s (scripts/run_local.sh)
+             OMPI_MCA_btl="self,sm,tcp", **YIELDING_MPI)  # btl: MPI_Init 0.1 s, not 1.1 s (scripts/run_local.sh)
     e.update(extra)
     return e
 

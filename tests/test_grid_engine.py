@@ -7,11 +7,11 @@ import os
 import pytest
 from grid_engine_lab import GridEngineLab
 
-from helpers import MPIRUN, PYTHON, load, same_tensors
+from helpers import MPIRUN, PYTHON, YIELDING_MPI, load, same_tensors
 
 VENV_BIN = os.path.dirname(PYTHON)
 SITE = dict(CONTAINER="none", PYTHON=PYTHON, MPIRUN=MPIRUN, OMPI_ALLOW_RUN_AS_ROOT="1",
-            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,sm,tcp")
+            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl="self,sm,tcp", **YIELDING_MPI)
 # 80 steps an epoch (the job scripts' default --bs is 256); --comm pinned: runs compared bit for
 # bit must take the same all-reduce, which --comm auto would measure afresh in each
 SMALL = ["--num-items", "4000", "--seed", "3", "--bs", "50", "--comm", "mpi"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from slurm_lab import NET, SlurmLab
 
-from helpers import MPIRUN, PYTHON, REPO, load, same_tensors
+from helpers import MPIRUN, PYTHON, REPO, YIELDING_MPI, load, same_tensors
 
 VENV_BIN = os.path.dirname(PYTHON)
 # What a site's module setup gives a job here: no container, the venv, MPI's TCP on the lab's
@@ -21,7 +21,7 @@ VENV_BIN = os.path.dirname(PYTHON)
 SITE = dict(CONTAINER="none", PYTHON=PYTHON, MPIRUN=MPIRUN, PATH=f"{VENV_BIN}:{os.environ['PATH']}",
             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1", MAP_BY="ppr:1:node",
             MPI_ARGS=f"--mca btl self,sm,tcp --mca btl_tcp_if_include {NET} --prtemca oob_tcp_if_include {NET} "
-                     "--bind-to none")
+                     "--bind-to none", **YIELDING_MPI)
 HEADER = ["-N", "2", "-t", "00:03:00", "--signal=B:USR1@60"]  # the header's line, less account and GPUs
 SMALL = ["--num-items", "4000", "--seed", "3", "--bs", "50"]  # 80 steps an epoch
 
