@@ -28,6 +28,8 @@ from ddp_abci.steps import Groups, optimizer_step
 from ddp_abci.trainer import Trainer
 from helpers import REPO, env, on_ranks, run
 
+pytestmark = pytest.mark.untimed
+
 accelerate = pytest.importorskip("accelerate", reason="accelerate comes with the test extra")
 from accelerate import Accelerator  # noqa: E402
 from accelerate.data_loader import BatchSamplerShard, SeedableRandomSampler  # noqa: E402
@@ -67,7 +69,7 @@ def make():
 def facts(tmp_path_factory, mpirun):
     out = tmp_path_factory.mktemp("teaching") / "facts.json"
     rendezvous = ("-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port('127.0.0.1')}")
-    proc = run(on_ranks(2, "tests/teaching_script.py", str(out), mpirun_args=rendezvous), timeout=180)
+    proc = run(on_ranks(2, "tests/teaching_script.py", str(out), mpirun_args=rendezvous))
     assert proc.returncode == 0, proc.stdout
     return json.loads(out.read_text())
 
