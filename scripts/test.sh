@@ -34,8 +34,8 @@ install_schedulers() {
             echo "test.sh: could not install ${missing[*]}; the scheduler tests will say so" >&2
     fi
 }
-# Beside the venv's set-up: each keeps about one core busy (45 core-seconds in 46 s for a fresh
-# clone's set-up here), and the machine has two.
+# Beside the venv's set-up, which keeps one core busy (45 core-seconds in 46 s for a fresh clone's
+# here) while the machine has two.
 install_schedulers &
 schedulers=$!
 bash scripts/setup.sh || exit 1

@@ -27,7 +27,7 @@ from helpers import assert_clean, train
 
 pytestmark = pytest.mark.untimed
 
-EXAMPLES = 60  # about 10 s here; new ones every run (no example database, not derandomized)
+EXAMPLES = 60  # new lines every run: no example database, not derandomized
 # Valid values three times over, so that most generated lines get past the flags and
 # exercise the later checks (launch, files, data, model) too.
 INTS = ["1", "2", "7", "50"] * 3 + ["0", "-1", "1000000", "10" * 20, "nan", "1.5", "", "abc", "inf", "0x10"]

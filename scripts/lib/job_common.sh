@@ -512,11 +512,6 @@ stamp_chain() {
     { grep -v '^chain=' "$CKPT_DIR/status"; echo "chain=$CHAIN_ID"; } >"$tmp" && mv "$tmp" "$CKPT_DIR/status"
 }
 
-# Run CMD and wait for it, turning stop signals into SIGUSR1 for it. Open MPI's mpirun
-# forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM or Ctrl-C it kills
-# them within half a second, their last lines unprinted (measured: docs/reliability.md).
-# CMD runs in its own process group (set -m), so a terminal's Ctrl-C reaches this shell
-# only; a second Ctrl-C ends CMD at once. Returns CMD's exit status.
 # wait_for_copy PID: the verdict on mpirun's exit reads its copied output, so wait until the copy
 # has its last lines; it can trail mpirun's exit under load (a test saw the verdict miss them). At
 # most 10 s: a process that outlives mpirun and holds the pipe open must not hold the job.
@@ -528,6 +523,11 @@ wait_for_copy() {
     done
 }
 
+# Run CMD and wait for it, turning stop signals into SIGUSR1 for it. Open MPI's mpirun
+# forwards SIGUSR1 to every rank and waits for them, whereas on SIGTERM or Ctrl-C it kills
+# them within half a second, their last lines unprinted (measured: docs/reliability.md).
+# CMD runs in its own process group (set -m), so a terminal's Ctrl-C reaches this shell
+# only; a second Ctrl-C ends CMD at once. Returns CMD's exit status.
 run_stoppable() {
     set -m
     "$@" &
