@@ -50,10 +50,11 @@ if [ "$#" -gt 0 ]; then
     pytest_ok $?
     exit
 fi
-# The full suite in two lanes. The suite is CPU-bound launch by launch, yet a quarter of the two
-# cores' time is idle (scheduler waits, watchdog timeouts: docs/testing.md). The tests that assert
-# nothing about time (marked untimed) fill it at SCHED_IDLE priority, which runs only where a core
-# would otherwise idle: the timed tests get the cores whenever they want them.
+# The full suite in two lanes. The suite is CPU-bound launch by launch, yet run as one pytest it
+# left a quarter of the two cores' time idle (scheduler waits, watchdog timeouts: docs/testing.md;
+# with the lanes they are 94 to 100 % busy). The tests that assert nothing about time (marked
+# untimed) fill it at SCHED_IDLE priority, which runs only where a core would otherwise idle: the
+# timed tests get the cores whenever they want them.
 lane=$(mktemp -d)
 chrt --idle 0 .venv/bin/python -m pytest -m untimed -p no:cacheprovider --basetemp "$lane/tmp" >"$lane/log" 2>&1 &
 untimed=$!
