@@ -77,22 +77,23 @@ def chain(slurm, tmp_path_factory):
     # job measured, and the run it is compared with must take the same one (the paths sum in
     # different orders, and run at different speeds: docs/benchmark.md)
     comm = ["--comm", "mpi"]
-    probe = submit(slurm, d / "probe.out", "-N", "2", "--ntasks-per-node=2", "-t", "00:05:00",
-                   "scripts/slurm/train.sbatch", "--epochs", "4", "--summary-json", str(d / "probe.json"), *comm,
-                   TRAIN_SCRIPT=FIT_SCRIPT, **FOUR)
-    assert slurm.wait(probe, 180)["ExitCode"] == "0:0", (d / "probe.out").read_text()
-    figures = json.loads((d / "probe.json").read_text())
-    start_s = figures["first_step_unix"] - figures["startup_unix"]["process_unix"]
     # A job of -t 1:00 trains until its --stop-after, 60 s - 44 s of margin (the job then ends early and the
-    # next starts: the chain takes less of the suite's time), less start-up. One and a half of that: the first
-    # job stops on its deadline even when it trains faster than the probe did, and one of the three after it
-    # ends the run. (With 12-s jobs, the 4 ranks' start-up took up to half of each, and under load the
-    # three after the first did not end the run.)
-    max_steps = int(1.5 * figures["samples_per_s"] / 64 * (16 - start_s))
+    # next starts: the chain takes less of the suite's time), less its start-up and its save. The probe is
+    # such a job: the steps it holds are measured, start-up and load included. (Sized instead from a short
+    # run's samples/s and start-up, the chain's jobs held a half to a third of the estimate, and once, on
+    # CI, the three after the first did not end the run.)
+    stop = dict(STOP_MARGIN_S="44", TRAIN_SCRIPT=FIT_SCRIPT, **FOUR)
+    probe = submit(slurm, d / "probe.out", "-N", "2", "--ntasks-per-node=2", "-t", "00:01:00",
+                   "scripts/slurm/train.sbatch", "--epochs", "100000", *comm, CKPT_DIR=str(d / "probe"), **stop)
+    assert slurm.wait(probe, 120)["ExitCode"] == "75:0", (d / "probe.out").read_text()
+    held = load(d / "probe" / "last.pt")["step"]
+    # One and a half jobs: the first stops on its deadline unless it trains half as fast again as the
+    # probe did, and the half left is ended by one job at the probe's pace, or three at a sixth of it.
+    max_steps = int(1.5 * held)
     args = ["--epochs", "100000", "--max-steps", str(max_steps), *comm]
     out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-p", "2", "-t", "1m", "-c", "4", "--",
-                    *args, **{**SITE, **FOUR}, TRAIN_SCRIPT=FIT_SCRIPT, CKPT_DIR=str(d / "ck"), STOP_MARGIN_S="44",
-                    SUBMIT_DIR=str(d / "submit"), SBATCH_OUTPUT=str(d / "job-%j.out"))
+                    *args, **{**SITE, **stop}, CKPT_DIR=str(d / "ck"), SUBMIT_DIR=str(d / "submit"),
+                    SBATCH_OUTPUT=str(d / "job-%j.out"))
     ids = [int(line) for line in out.stdout.splitlines() if line.isdigit()]  # the job ids: one a line
     assert out.returncode == 0 and len(ids) == 4, out.stdout
     infos = [slurm.wait(job, 240) for job in ids]
@@ -100,7 +101,13 @@ def chain(slurm, tmp_path_factory):
                    "scripts/slurm/train.sbatch", *args, TRAIN_SCRIPT=FIT_SCRIPT, CKPT_DIR=str(d / "whole"), **FOUR)
     slurm.wait(whole, 300)
     return {"ids": ids, "infos": infos, "outs": [(d / f"job-{j}.out").read_text() for j in ids], "dir": d,
-            "max_steps": max_steps}
+            "max_steps": max_steps, "held": held}
+
+
+def _story(outs: list[str]) -> str:
+    """Each job's lines that tell where it started, how long it had and where it stopped."""
+    keys = ("walltime left", "resume:", "deadline:", "stopped", "done:", "finished", "error")
+    return "\n\n".join("\n".join(line for line in out.splitlines() if any(k in line for k in keys)) for out in outs)
 
 
 def test_a_run_longer_than_its_walltime_stops_on_its_own_deadline_from_squeue_with_75(chain):
@@ -113,7 +120,8 @@ def test_a_run_longer_than_its_walltime_stops_on_its_own_deadline_from_squeue_wi
 
 def test_a_chain_of_jobs_of_four_ranks_carries_a_fit_script_to_the_uninterrupted_weights(chain):
     outs, d = chain["outs"], chain["dir"]
-    done = next(i for i, out in enumerate(outs) if "done: " in out)
+    done = next((i for i, out in enumerate(outs) if "done: " in out), None)
+    assert done is not None, f"{chain['max_steps']} steps, {chain['held']} a probe job:\n{_story(outs)}"
     assert done >= 1 and all("resume: " in out for out in outs[1:done + 1]), outs
     assert all("2 node(s) x 2 rank(s) = 4" in out and "world size 4 (local 2)" in out for out in outs[:done + 1])
     for out, info in zip(outs[done + 1:], chain["infos"][done + 1:], strict=True):  # the rest find it finished
