@@ -333,18 +333,19 @@ class Trainer:
     def __enter__(self) -> "Trainer":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(together=exc_type is None)
 
-    def close(self) -> None:
+    def close(self, together: bool = False) -> None:
         """Release DDP, its hooks and the optimizer, so that the process group can really be
         freed when it is closed: gloo joins its worker threads only when the last reference
-        goes (see parallel/process_group.close_process_group). Safe to call twice."""
+        goes (see parallel/process_group.close_process_group). Safe to call twice.
+        together: run() returned, on every rank (Watchdog.stop)."""
         if self.trackers is not None:
             self.trackers.close()
         self.checkpoints.writer.wait()  # a write in flight finishes: the file on disk stays whole either way
         self.model = self.ddp = self.optimizer = self.scheduler = self.batches = self.groups = None
         gc.collect()  # DDP's reducer sits in reference cycles
-        self.watchdog.stop()
+        self.watchdog.stop(together)
 
 

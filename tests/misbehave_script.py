@@ -7,6 +7,8 @@ MODE:
   save-alone      rank 1 calls the checkpoint save on its own after step 3 (an `if rank == ...` around it)
   slow-loss       rank 1's loss_fn takes three times --timeout at step 5 (alive, but never arrives)
   raise-loss      rank 1's loss_fn raises at step 5 (it says so; the others must not wait)
+  late-close      rank 1 reaches the end of a good run half the --timeout after rank 0 (a rank
+                  the machine left unscheduled for a while)
 """
 import os
 import sys
@@ -49,5 +51,13 @@ if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
             return call(self, model, x)
 
         AutoencoderLoss.__call__ = slow_or_raising
+    elif mode == "late-close":
+        close = Trainer.close
+
+        def late_close(self, together=False):
+            time.sleep(timeout / 2)
+            close(self, together)
+
+        Trainer.close = late_close
 
 sys.exit(train.main(argv))

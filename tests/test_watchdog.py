@@ -93,3 +93,12 @@ def test_a_collective_on_one_rank_inside_loss_fn_is_a_verdict_naming_the_file_an
     stacks = sorted(tmp_path.glob("hang-*/rank-*.txt"))
     assert [p.name for p in stacks] == ["rank-0.txt", "rank-1.txt"] and f"their stacks: {stacks[0].parent}" in line
     assert 'one_sided_script.py", line 16' in stacks[0].read_text()  # rank 0's own frame, where it called
+
+
+def test_a_rank_that_ends_a_good_run_late_finds_rank_0_still_holding_the_store():
+    # Rank 0's process holds the rendezvous store, which the other ranks' heartbeats write to: had
+    # it exited first, the late rank's heartbeat would end the run's log with torch's C++ stack of a
+    # "Broken pipe" (seen at the end of a chain job of 4 ranks on 2 cores).
+    rc, out, _ = finish(start("late-close", "--epochs", "2"), time.monotonic())
+    assert rc == 0 and "done: " in out, out
+    assert "TCPStore" not in out and "Broken pipe" not in out and "Connection reset" not in out, out

@@ -28,6 +28,7 @@ is the same verdict.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -46,6 +47,7 @@ KEY = "ddp_abci/heartbeat/{}"
 VERDICT_KEY = "ddp_abci/verdict"        # add()ed by each rank about to speak: the first (1) speaks
 REPORT_KEY = "ddp_abci/hang"            # the speaker's step: every rank writes its stacks and where
 WHERE_KEY = "ddp_abci/where/{}"
+LEFT_KEY = "ddp_abci/left"              # add()ed by each rank's heartbeat as it stops at a good run's end
 
 
 def collective(what: str) -> Callable:
@@ -157,7 +159,8 @@ class Watchdog:
         # The verdict's errands for the heartbeat thread, which alone talks to the store.
         self._wake, self._errand = threading.Event(), None
         self._errand_done = threading.Event()
-        self.reported, self.store_ready = False, False
+        self.reported, self.store_ready, self._store = False, False, None
+        self._together = False  # stop() at the end of a run every rank reached: leave together
         self.own_place: str | None = None  # where this rank waits, when known better than its main thread's frame
         self.own_error: BaseException | None = None  # the timeout its own collective raised
 
@@ -191,14 +194,29 @@ class Watchdog:
                 self._threads.append(thread)
         return self
 
-    def stop(self) -> None:
+    def stop(self, together: bool = False) -> None:
         """Before the process group closes. A heartbeat thread stuck in a store call (its
-        server gone) is a daemon: it is left, and dies with the process."""
+        server gone) is a daemon: it is left, and dies with the process.
+
+        together: the run ended on every rank (done, or stopped with a checkpoint). Rank 0's
+        process holds the rendezvous store the heartbeats write to, so it waits, at most
+        --timeout, until every rank's heartbeat has stopped: one that wrote after rank 0 had
+        exited ended a good run's log with torch's C++ stack of a "Broken pipe"."""
+        self._together = together
         self._stop.set()
         self._wake.set()
         for thread in self._threads:
             thread.join(timeout=self.interval + 1)
+        if together and self.launch.rank == 0 and self._threads and not self._threads[-1].is_alive():
+            self._wait_for_all_to_leave()
         self._threads.clear()
+
+    def _wait_for_all_to_leave(self) -> None:
+        """Rank 0, on its own store (a call that cannot hang on another host)."""
+        store, until = self._store, time.monotonic() + self.timeout_s
+        with contextlib.suppress(Exception):  # the store already closing: nothing to wait for
+            while store is not None and store.add(LEFT_KEY, 0) < self.launch.world_size and time.monotonic() < until:
+                time.sleep(0.02)
 
     def _watch(self) -> None:
         check = min(1.0, self.timeout_s / 10)
@@ -226,6 +244,7 @@ class Watchdog:
             self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
             return
         seq, keys, self.store_ready = 0, [KEY.format(r) for r in range(self.launch.world_size)], True
+        self._store = store
         while not self._stop.is_set():
             seq += 1
             name, collective, since = self.stack[-1]
@@ -247,6 +266,9 @@ class Watchdog:
                     return
             self._wake.wait(self.interval)
             self._wake.clear()
+        if self._together:  # this heartbeat writes no more: rank 0 may close the store
+            with contextlib.suppress(Exception):
+                self._store_call(store.add, LEFT_KEY, 1)
 
     def _report(self, store, step: str) -> None:
         """Every rank, asked by the speaker: its threads' stacks written, its place in the store."""
