@@ -191,6 +191,13 @@ def bench(tmp_path: Path, *args: str, sides: str) -> tuple[subprocess.CompletedP
     return proc, json.loads(out.read_text())
 
 
+def job_story(outs: list[str]) -> str:
+    """A chain's job logs cut to the lines that tell where each job started, how long it had
+    and where it stopped: what a chain test that fails shows."""
+    keys = ("walltime left", "resume:", "deadline:", "stopped", "done:", "finished", "error")
+    return "\n\n".join("\n".join(line for line in out.splitlines() if any(k in line for k in keys)) for out in outs)
+
+
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 

@@ -7,7 +7,7 @@ import os
 import pytest
 from grid_engine_lab import GridEngineLab
 
-from helpers import MPIRUN, PYTHON, YIELDING_MPI, load, same_tensors
+from helpers import MPIRUN, PYTHON, YIELDING_MPI, job_story, load, same_tensors
 
 VENV_BIN = os.path.dirname(PYTHON)
 SITE = dict(CONTAINER="none", PYTHON=PYTHON, MPIRUN=MPIRUN, OMPI_ALLOW_RUN_AS_ROOT="1",
@@ -107,7 +107,8 @@ def test_a_run_longer_than_its_s_rt_stops_on_its_own_deadline_with_75(chain):
 
 def test_a_chain_held_by_hold_jid_carries_the_run_to_the_uninterrupted_weights(chain):
     outs, d = chain["outs"], chain["dir"]
-    done = next(i for i, out in enumerate(outs) if "done: " in out)
+    done = next((i for i, out in enumerate(outs) if "done: " in out), None)
+    assert done is not None, f"{chain['max_steps']} steps:\n{job_story(outs)}"
     assert done >= 1 and all("resume: " in out for out in outs[1:done + 1]), outs
     for out, record in zip(outs[done + 1:], chain["records"][done + 1:], strict=True):  # the rest find it finished
         assert "is finished" in out and "world size" not in out and record["exit_status"] == "0", out

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from slurm_lab import NET, SlurmLab
 
-from helpers import MPIRUN, PYTHON, REPO, YIELDING_MPI, load, same_tensors
+from helpers import MPIRUN, PYTHON, REPO, YIELDING_MPI, job_story, load, same_tensors
 
 VENV_BIN = os.path.dirname(PYTHON)
 # What a site's module setup gives a job here: no container, the venv, MPI's TCP on the lab's
@@ -104,12 +104,6 @@ def chain(slurm, tmp_path_factory):
             "max_steps": max_steps, "held": held}
 
 
-def _story(outs: list[str]) -> str:
-    """Each job's lines that tell where it started, how long it had and where it stopped."""
-    keys = ("walltime left", "resume:", "deadline:", "stopped", "done:", "finished", "error")
-    return "\n\n".join("\n".join(line for line in out.splitlines() if any(k in line for k in keys)) for out in outs)
-
-
 def test_a_run_longer_than_its_walltime_stops_on_its_own_deadline_from_squeue_with_75(chain):
     info, out = chain["infos"][0], chain["outs"][0]
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "75:0", (info, out)  # scontrol keeps the 75
@@ -121,7 +115,7 @@ def test_a_run_longer_than_its_walltime_stops_on_its_own_deadline_from_squeue_wi
 def test_a_chain_of_jobs_of_four_ranks_carries_a_fit_script_to_the_uninterrupted_weights(chain):
     outs, d = chain["outs"], chain["dir"]
     done = next((i for i, out in enumerate(outs) if "done: " in out), None)
-    assert done is not None, f"{chain['max_steps']} steps, {chain['held']} a probe job:\n{_story(outs)}"
+    assert done is not None, f"{chain['max_steps']} steps, {chain['held']} a probe job:\n{job_story(outs)}"
     assert done >= 1 and all("resume: " in out for out in outs[1:done + 1]), outs
     assert all("2 node(s) x 2 rank(s) = 4" in out and "world size 4 (local 2)" in out for out in outs[:done + 1])
     for out, info in zip(outs[done + 1:], chain["infos"][done + 1:], strict=True):  # the rest find it finished
