@@ -160,16 +160,20 @@ def test_the_accelerate_side_reports_its_start_up_phases_too(tiny_bench):
 
 def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tmp_path, mpirun):
     out = tmp_path / "sweep.json"
-    proc = run([PYTHON, "-m", "ddp_abci.bench", "--epochs", "1", "--num-items", "400", "--rounds", "1",
+    # --bs 40 and --sweep 40: the entry takes raw from the main round, and runs raw1 and accelerate
+    proc = run([PYTHON, "-m", "ddp_abci.bench", "--epochs", "1", "--num-items", "400", "--rounds", "1", "--bs", "40",
                 "--sides", "raw", "--no-probes", "--sweep", "40", "--out", str(out)], timeout=600)
     assert proc.returncode == 0, proc.stdout
-    sweep = json.loads(out.read_text())["sweep"]
+    report = json.loads(out.read_text())
+    sweep = report["sweep"]
     assert [entry["global_batch"] for entry in sweep] == [40]  # one batch keeps the test short; a list works alike
     for entry in sweep:
         assert set(entry["sides"]) == {"raw1", "raw", "accelerate"}
         assert all(side["samples_per_s"] > 0 and side["first_step_s"] > 0 for side in entry["sides"].values())
+        assert entry["sides"]["accelerate"]["global_batch"] == 40
         # the floor probes' own runs, one process and 2 ranks in lockstep (compare/probes.py floor)
         assert entry["floors"]["one_process"] > 0 and entry["floors"]["lockstep"] > 0
+    assert sweep[0]["reused"] == ["raw"] and sweep[0]["sides"]["raw"] == report["sides"]["raw"]
     assert out.with_name("sweep-sweep.png").exists()
 
 

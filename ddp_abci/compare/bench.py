@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         from .sweep import crossover, run_sweep, save_sweep_chart
 
-        report["sweep"] = run_sweep(args, sides, run_side, summarise, sweep_floors)
+        report["sweep"] = run_sweep(args, sides, run_side, summarise, sweep_floors, runs)
         report["sweep_crossover_global_batch"] = crossover(report["sweep"])
         sweep_png = out.with_name(out.stem + "-sweep.png")
         if save_sweep_chart(report["sweep"], sweep_png, f"{args.world_size} ranks vs 1, {args.amp}, "

@@ -6,7 +6,9 @@ benchmark), and the floors measured at that batch in every round,
 beside the sides (the medians are reported): one process computing the whole batch, and W
 ranks in lockstep (compute plus one MPI all-reduce a step).
 Written under the JSON key `sweep` (one entry per batch, `global_batch` and `sides` shaped
-like the top-level `sides`), and drawn as samples/s against the global batch.
+like the top-level `sides`), and drawn as samples/s against the global batch. At --bs, the
+sides the main rounds ran are theirs (named under `reused`): the same configuration, not run
+twice.
 """
 from __future__ import annotations
 
@@ -19,27 +21,33 @@ from pathlib import Path
 SWEEP_SIDES = ("raw1", "raw", "accelerate")  # and the other peers that --sides names
 
 
-def run_sweep(args: argparse.Namespace, named: list[str], run_side, summarise, floors) -> list[dict]:
+def run_sweep(args: argparse.Namespace, named: list[str], run_side, summarise, floors,
+              measured: dict[str, list[dict]] | None = None) -> list[dict]:
     """One entry per global batch, for SWEEP_SIDES and the other sides `named` (--sides); the
     callables are bench.py's, shared with the main benchmark (`floors(args)`: one round's
-    floors at args.bs, in samples/s for all ranks)."""
+    floors at args.bs, in samples/s for all ranks). `measured`: the main rounds' runs, at
+    --bs: the entry at that batch takes theirs instead of running those sides again."""
     sides = SWEEP_SIDES + tuple(s for s in named if s not in SWEEP_SIDES)
     entries = []
     for batch in (int(b) for b in args.sweep.split(",") if b):
         at = copy.copy(args)
         at.bs = batch
-        runs: dict[str, list[dict]] = {s: [] for s in sides}
+        at_bs = batch == args.bs
+        reused = {s: r for s, r in (measured or {}).items() if at_bs and s in sides and len(r) == args.rounds}
+        runs: dict[str, list[dict]] = {s: list(reused.get(s, [])) for s in sides}
         floor_rounds: list[dict] = []
         with tempfile.TemporaryDirectory() as tmp:
             for round_ in range(args.rounds):
                 for side in sides if round_ % 2 == 0 else reversed(sides):
-                    runs[side].append(run_side(side, at, Path(tmp), round_))
+                    if side not in reused:
+                        runs[side].append(run_side(side, at, Path(tmp), round_))
                 floor_rounds.append(floors(at))  # beside the sides, in every round
         results = {side: summarise(r) for side, r in runs.items()}
         entry_floors = {name: _median([r[name] for r in floor_rounds if r.get(name)]) for name in FLOORS}
-        entries.append({"global_batch": batch, "sides": results, "floors": entry_floors})
+        entries.append({"global_batch": batch, "sides": results, "floors": entry_floors, "reused": sorted(reused)})
         shown = ", ".join(f"{s} {v['samples_per_s']:,.0f}" for s, v in results.items() if not v.get("failed"))
-        print(f"sweep global batch {batch}: {shown} samples/s; floors {entry_floors}", flush=True)
+        print(f"sweep global batch {batch}: {shown} samples/s; floors {entry_floors}"
+              + (f" ({', '.join(sorted(reused))} from the main rounds)" if reused else ""), flush=True)
     return entries
 
 
