@@ -24,9 +24,8 @@ LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
 # node oversubscribed (ompi_info: mpi_yield_when_idle). The suite's two lanes, and the labs' nodes,
 # share this machine's 2 cores among more ranks than any one mpirun sees: two 2-rank --comm mpi
 # trainings side by side took 6.6 s and 12 to 13 core-seconds yielding, 8.1 to 9.8 s and 15 to 19
-# spinning. A sched_yield leaves the rank runnable, ahead of the idle lane; a nanosleep does not (a
-# rank waiting 4 s on a late peer: 4.07 core-seconds, then about 0.3: docs/testing.md).
-YIELDING_MPI = {"OMPI_MCA_mpi_yield_when_idle": "1", "OMPI_MCA_threads_pthreads_yield_strategy": "nanosleep"}
+# spinning (docs/testing.md, which also says why the yield stays a sched_yield).
+YIELDING_MPI = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def env(**extra: str) -> dict[str, str]:
