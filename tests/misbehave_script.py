@@ -7,7 +7,7 @@ MODE:
   save-alone      rank 1 calls the checkpoint save on its own after step 3 (an `if rank == ...` around it)
   slow-loss       rank 1's loss_fn takes three times --timeout at step 5 (alive, but never arrives)
   raise-loss      rank 1's loss_fn raises at step 5 (it says so; the others must not wait)
-  late-close      rank 1 reaches the end of a good run half the --timeout after rank 0 (a rank
+  late-close      rank 1 reaches the end of a good run 3/8 of --timeout after rank 0 (a rank
                   the machine left unscheduled for a while)
 """
 import os
@@ -55,7 +55,7 @@ if os.environ.get("OMPI_COMM_WORLD_RANK") == "1":
         close = Trainer.close
 
         def late_close(self, together=False):
-            time.sleep(timeout / 2)
+            time.sleep(1.5 * timeout / 4)  # 3 heartbeats (every timeout / 8); rank 0 waits up to 2 and 2 s
             close(self, together)
 
         Trainer.close = late_close

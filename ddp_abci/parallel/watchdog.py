@@ -199,9 +199,10 @@ class Watchdog:
         server gone) is a daemon: it is left, and dies with the process.
 
         together: the run ended on every rank (done, or stopped with a checkpoint). Rank 0's
-        process holds the rendezvous store the heartbeats write to, so it waits, at most
-        --timeout, until every rank's heartbeat has stopped: one that wrote after rank 0 had
-        exited ended a good run's log with torch's C++ stack of a "Broken pipe"."""
+        process holds the rendezvous store the heartbeats write to, so it waits until every
+        rank's heartbeat has stopped: one that wrote after rank 0 had exited ended a good run's
+        log with torch's C++ stack of a "Broken pipe". At most two beats and 2 s (12 s at the
+        default --timeout): a rank whose heartbeat never reached the store cannot say it left."""
         self._together = together
         self._stop.set()
         self._wake.set()
@@ -213,7 +214,7 @@ class Watchdog:
 
     def _wait_for_all_to_leave(self) -> None:
         """Rank 0, on its own store (a call that cannot hang on another host)."""
-        store, until = self._store, time.monotonic() + self.timeout_s
+        store, until = self._store, time.monotonic() + min(self.timeout_s, 2 * self.interval + 2)
         with contextlib.suppress(Exception):  # the store already closing: nothing to wait for
             while store is not None and store.add(LEFT_KEY, 0) < self.launch.world_size and time.monotonic() < until:
                 time.sleep(0.02)
