@@ -34,7 +34,7 @@ install_schedulers() {
             echo "test.sh: could not install ${missing[*]}; the scheduler tests will say so" >&2
     fi
 }
-# Beside the venv's set-up, which keeps one core busy (45 core-seconds in 46 s for a fresh clone's
+# Beside the venv's set-up, which keeps one core busy (45 core-seconds in 46 s on a fresh clone
 # here) while the machine has two.
 install_schedulers &
 schedulers=$!

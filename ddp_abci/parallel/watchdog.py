@@ -159,7 +159,8 @@ class Watchdog:
         # The verdict's errands for the heartbeat thread, which alone talks to the store.
         self._wake, self._errand = threading.Event(), None
         self._errand_done = threading.Event()
-        self.reported, self.store_ready, self._store = False, False, None
+        self.reported = False
+        self._store = None  # the heartbeat's store client, once it reached rank 0's store
         self._together = False  # stop() at the end of a run every rank reached: leave together
         self.own_place: str | None = None  # where this rank waits, when known better than its main thread's frame
         self.own_error: BaseException | None = None  # the timeout its own collective raised
@@ -244,8 +245,7 @@ class Watchdog:
         except Exception as e:  # no store to reach: the watch thread still ends a hung job
             self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
             return
-        seq, keys, self.store_ready = 0, [KEY.format(r) for r in range(self.launch.world_size)], True
-        self._store = store
+        seq, keys, self._store = 0, [KEY.format(r) for r in range(self.launch.world_size)], store
         while not self._stop.is_set():
             seq += 1
             name, collective, since = self.stack[-1]
@@ -304,7 +304,7 @@ class Watchdog:
         """From a thread about to give the verdict: the heartbeat thread's errand, waited for
         a bounded time (a store that does not answer gives no places, and leaves the claim to us)."""
         errand = {"first": True, "where": {}, "within": min(12.0, 2 * self.interval + 2)}
-        if not self.store_ready or self.store_error or self._store_stuck():
+        if self._store is None or self.store_error or self._store_stuck():
             return errand
         self._errand_done.clear()
         self._errand = errand
