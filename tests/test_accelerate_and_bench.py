@@ -2,6 +2,7 @@
 raw, Accelerate, Fabric, the textbook script, and where raw's lead over the textbook comes from."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,10 +84,11 @@ PEER_SIDES = ("raw", "accelerate", "fabric", "textbook")
 
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory, mpirun):
-    """One round of all four sides and the decomposition (ten mpiruns of one small epoch: the
-    decomposition's first entry is the textbook side's run)."""
+    """One round of all four sides, the decomposition and the sweep at --bs (eleven mpiruns of
+    one small epoch and two floor probes: the decomposition's first entry is the textbook side's
+    run, and the sweep's entry takes the four sides' runs and runs raw on one rank)."""
     pytest.importorskip("lightning", reason="lightning comes with the test extra")
-    return _bench(tmp_path_factory.mktemp("bench"), "--decompose", sides=",".join(PEER_SIDES))
+    return _bench(tmp_path_factory.mktemp("bench"), "--decompose", "--sweep", "50", sides=",".join(PEER_SIDES))
 
 
 def test_a_tiny_benchmark_reports_every_side_and_raws_ratio_to_each_peer(tiny_bench):
@@ -158,23 +160,21 @@ def test_the_accelerate_side_reports_its_start_up_phases_too(tiny_bench):
     assert sum(phases.values()) == pytest.approx(report["sides"]["accelerate"]["first_step_s"], abs=0.5)
 
 
-def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tmp_path, mpirun):
-    out = tmp_path / "sweep.json"
-    # --bs 40 and --sweep 40: the entry takes raw from the main round, and runs raw1 and accelerate
-    proc = run([PYTHON, "-m", "ddp_abci.bench", "--epochs", "1", "--num-items", "400", "--rounds", "1", "--bs", "40",
-                "--sides", "raw", "--no-probes", "--sweep", "40", "--out", str(out)], timeout=600)
-    assert proc.returncode == 0, proc.stdout
-    report = json.loads(out.read_text())
+def test_a_sweep_reports_each_global_batch_with_its_sides_and_floors(tiny_bench):
+    proc, report = tiny_bench
     sweep = report["sweep"]
-    assert [entry["global_batch"] for entry in sweep] == [40]  # one batch keeps the test short; a list works alike
+    assert [entry["global_batch"] for entry in sweep] == [50]  # one batch keeps the test short; a list works alike
     for entry in sweep:
-        assert set(entry["sides"]) == {"raw1", "raw", "accelerate"}
+        assert set(entry["sides"]) == {"raw1", *PEER_SIDES}
         assert all(side["samples_per_s"] > 0 and side["first_step_s"] > 0 for side in entry["sides"].values())
-        assert entry["sides"]["accelerate"]["global_batch"] == 40
+        assert entry["sides"]["raw1"]["global_batch"] == 50 and entry["sides"]["raw1"]["world_size"] == 1
         # the floor probes' own runs, one process and 2 ranks in lockstep (compare/probes.py floor)
         assert entry["floors"]["one_process"] > 0 and entry["floors"]["lockstep"] > 0
-    assert sweep[0]["reused"] == ["raw"] and sweep[0]["sides"]["raw"] == report["sides"]["raw"]
-    assert out.with_name("sweep-sweep.png").exists()
+    # at --bs the entry takes the main round's runs, and runs only raw on one rank
+    assert sweep[0]["reused"] == sorted(PEER_SIDES) and sweep[0]["sides"]["raw"] == report["sides"]["raw"]
+    assert "(accelerate, fabric, raw, textbook from the main rounds)" in proc.stdout
+    chart = re.search(r"^sweep chart: (\S+);", proc.stdout, re.M)[1]
+    assert chart.endswith("bench-sweep.png") and Path(chart).exists()
 
 
 def test_a_failing_side_is_reported_as_failed_not_as_a_number(tmp_path, mpirun):
