@@ -117,11 +117,10 @@ def step_failure(here: str, what: str, error: Exception, step: int, items: int, 
 def own_failure(error: Exception, watchdog: Any, here: str, what: str, step: int, batch: Any,
                 resumable: bool) -> BaseException:
     """What a failure inside a step's user code ends the run with: this rank's own
-    (step_failure), unless it is another rank's end showing here (a peer lost: raised as it
-    is), or the user's own collective outliving --timeout, which is the watchdog's verdict."""
-    if timed_out(error):
-        watchdog.collective_timed_out(error)
+    (step_failure), unless it is a collective there (the user's, or DDP's in forward) that
+    outlived --timeout or lost its peer: the watchdog's verdict, and the error raised as it is."""
     if timed_out(error) or peer_lost(error):
+        watchdog.user_collective_failed(error)
         return error
     return step_failure(here, what, error, step, batch_len(batch), resumable)
 

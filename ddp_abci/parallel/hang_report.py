@@ -59,7 +59,7 @@ def main_frame(thread_id: int) -> FrameType | None:
 def dump_stacks(folder: str | None, rank: int, raised: BaseException | None = None) -> str:
     """Every thread's stack of this process, in folder/rank-R.txt (faulthandler's format, which
     needs no lock that a hung thread may hold), or on stderr without a folder; and the traceback
-    of `raised`, the timeout this rank's own collective raised (its frames have unwound); says where."""
+    of `raised`, the error this rank's own collective raised (its frames have unwound); says where."""
     if folder is not None:
         path = Path(folder) / f"rank-{rank}.txt"
         try:
@@ -75,7 +75,7 @@ def dump_stacks(folder: str | None, rank: int, raised: BaseException | None = No
 
 def _dump(f, raised: BaseException | None) -> None:
     if raised is not None:
-        f.write("The collective that timed out, where it was called:\n")
+        f.write("The collective that failed (timed out, or lost its peer), where it was called:\n")
         f.write("".join(traceback.format_exception(raised)))
         f.write("\n")
         f.flush()

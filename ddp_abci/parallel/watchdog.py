@@ -163,7 +163,7 @@ class Watchdog:
         self._store = None  # the heartbeat's store client, once it reached rank 0's store
         self._together = False  # stop() at the end of a run every rank reached: leave together
         self.own_place: str | None = None  # where this rank waits, when known better than its main thread's frame
-        self.own_error: BaseException | None = None  # the timeout its own collective raised
+        self.own_error: BaseException | None = None  # what its own collective raised (a timeout, a lost peer)
 
     # -- the main thread's side ------------------------------------------------------
 
@@ -380,13 +380,20 @@ class Watchdog:
             self.record(EXIT_RANK_LOST, line)
         self.end(EXIT_RANK_LOST)
 
-    def collective_timed_out(self, error: BaseException) -> None:
-        """A collective inside the user's code (loss_fn calling torch.distributed) hit the
-        process group's own timeout: the watchdog's verdict, named where it was called."""
+    def user_collective_failed(self, error: BaseException) -> None:
+        """A collective inside the user's code (loss_fn calling torch.distributed, or DDP's own
+        in forward) hit the process group's timeout: the watchdog's verdict, named where it was
+        called. Or it lost its peer: when the other rank's collective timed out first, gloo closed
+        the connection under this one; that rank gives the verdict and asks this one where it is,
+        so this one waits for the end with its heartbeat answering (it had stopped its watchdog
+        and slept, and the verdict said it "stopped answering", without its stacks: seen under load)."""
         from .hang_report import where_raised  # noqa: PLC0415
 
         self.own_place, self.own_error = where_raised(error) or "in a collective of the user's code", error
-        self.expire((self.own_place, True, time.monotonic() - self.timeout_s))
+        if timed_out(error):
+            self.expire((self.own_place, True, time.monotonic() - self.timeout_s))
+        else:
+            self.await_verdict(error)
 
     def _fresh(self, rank: int) -> bool:
         """Its heartbeat changed within the last 3 intervals: as this rank saw it change, and
