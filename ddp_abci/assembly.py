@@ -5,6 +5,8 @@ torch.compile, the loader, the optimizer, GradScaler and the schedule; then the 
 parts, registered and (on resume) restored, the save points, the stop agreement and the logs.
 
 The preflight's verdicts are collectives: every rank calls them, marked for the watchdog.
+What is decided once for the run (device, precision, gradient path, the training set's kind
+and size) comes in the RunPlan; nothing here decides it again.
 """
 from __future__ import annotations
 
@@ -36,8 +38,10 @@ from .precision import make_scaler
 from .resume import Position
 from .save_points import ASSUMED_COPY_BYTES_PER_S, SavePoints
 from .schedule import build_schedule
+from .seed_job import Job
 from .stragglers import StragglerWatch
-from .streams import Stream, has_length, is_stream
+from .stream_readers import Reader, reader_for
+from .streams import Stream
 from .tracking import RunTrackers
 
 
@@ -51,23 +55,28 @@ class Assembly:
     scaler: torch.amp.GradScaler
     scheduler: Any                    # the built-in LambdaLR, the user's scheduler, or None
     total_steps: int | None           # None: a stream without a length and no --max-steps
+    checkpoints: CheckpointManager
     save_points: SavePoints
     agreement: StopAgreement
     stragglers: StragglerWatch | None  # rank 0's, with --straggler-threshold
     trackers: RunTrackers
 
 
-def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: RunPlan, watchdog: Any,
-             checkpoints: CheckpointManager, stop: StopRequest, position: Position, *, model: torch.nn.Module,
-             train_set: Any, eval_set: Any, loss_fn: Callable, optimizer: Any, scheduler: Callable | None,
-             collate_fn: Callable | None, eval_metrics: dict, state: dict, startup: dict) -> Assembly:
+def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, stop: StopRequest,
+             position: Position, job: Job, *, optimizer: Any, scheduler: Callable | None, eval_metrics: dict,
+             state: dict, startup: dict) -> Assembly:
     """Every part, in the order a run needs them; a bad one is one line before any training."""
-    preflight.check_data(train_set, eval_set, config, launch)
+    device, data, model = plan.device, plan.data, job.model
+    reader = reader_for(data.dataset, launch.rank, launch.world_size, plan.per_rank_batch, data.workers) \
+        if data.stream else None
+    preflight.check_data(data, reader, job.eval_set, config, launch)
     _refuse_both_schedules(config, scheduler)
     ckpt_file = ckpt.checkpoint_path(config.ckpt_dir) if config.ckpt_dir else None
-    train_items = len(train_set) if has_length(train_set) else None
     with watchdog.waiting("preflight: rank 0's verdict on the files"):
-        snapshot, resumed_from = preflight.share_file_check(launch, config, ckpt_file, train_items)
+        snapshot, resumed_from = preflight.share_file_check(launch, config, ckpt_file, data.items)
+    if reader is not None:
+        with watchdog.waiting("preflight: the stream's order on every rank"):
+            preflight.share_stream_order(launch, reader)
     seed_everything(config.seed + launch.rank)
     _refuse_wrapped(model)
     if snapshot is not None:
@@ -77,10 +86,10 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
     gradients = _gradient_path(plan, launch, device, model, watchdog, snapshot)
     with watchdog.waiting("preflight: the dry run's verdict"):
         with watchdog.working("the dry run of loss_fn"):
-            error = preflight.dry_run(model, train_set, loss_fn, plan.precision, device, plan.per_rank_batch,
-                                      collate_fn=collate_fn, find_unused=config.find_unused_parameters,
-                                      eval_set=eval_set, metrics=eval_metrics or None,
-                                      last_batch=preflight.short_last_batch(train_set, config, launch.world_size))
+            error = preflight.dry_run(model, data, reader, job.loss_fn, plan.precision, device, plan.per_rank_batch,
+                                      find_unused=config.find_unused_parameters, eval_set=job.eval_set,
+                                      metrics=eval_metrics or None,
+                                      last_batch=preflight.short_last_batch(data, config, launch.world_size))
         preflight.share_dry_run(error)
     with watchdog.waiting("preflight: the free-space verdict"):
         preflight.share_disk_check(launch, ckpt_file.parent if ckpt_file else None, model)
@@ -95,12 +104,16 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
     # overlaps backward; compiled first, one fused backward makes every gradient ready at
     # once (torch 2.13, _dynamo/backends/distributed.py, Note [DDPOptimizer]).
     wrapped = compile_model(ddp, device) if config.compile else ddp
-    batches = _batches(config, launch, device, plan, train_set, collate_fn)
+    batches = _batches(config, launch, plan, reader)
     built = make_optimizer(optimizer or seed_optimizer(config.lr, config.betas, config.fused_adam), wrapped, config.lr)
     total = _total_steps(config, batches)
     schedule = _user_scheduler(scheduler, built) if scheduler is not None else \
         build_schedule(built, config.schedule, config.warmup_steps, total or 0)
     scaler = make_scaler(plan.precision, device)
+    header = {"format": ckpt.FORMAT, "global_batch": config.global_batch, "world_size": launch.world_size,
+              "train_items": data.items, "config": {**config.to_dict(), **job.settings}, "gradients": gradients.name}
+    checkpoints = CheckpointManager(config.ckpt_dir, launch, watchdog, keep=config.keep, background=config.async_save,
+                                    header=header)
     parts = resume.Parts(model=resume.ModelWeights(model), scaler=scaler,
                          optimizer=resume.OptimizerState(built, this_runs_win=scheduler is None),
                          scheduler=resume.UserScheduler(schedule) if scheduler is not None else
@@ -119,8 +132,8 @@ def assemble(config: TrainConfig, launch: Launch, device: torch.device, plan: Ru
     checkpoints.on_written = agreement.saved
     with watchdog.waiting("opening the logs"):
         stragglers, trackers = _trackers(config, launch, position.step, total, agreement.deadline)
-    return Assembly(wrapped, ddp, gradients, batches, built, scaler, schedule, total, save_points, agreement,
-                    stragglers, trackers)
+    return Assembly(wrapped, ddp, gradients, batches, built, scaler, schedule, total, checkpoints, save_points,
+                    agreement, stragglers, trackers)
 
 
 def _gradient_path(plan: RunPlan, launch: Launch, device: torch.device, model: torch.nn.Module,
@@ -160,7 +173,6 @@ def _resume(snapshot: dict, path: Path, checkpoints: CheckpointManager, parts: r
     checkpoints.rotate = path == ckpt.checkpoint_path(config.ckpt_dir)  # never keep a bad last.pt as prev.pt
     checkpoints.restore(snapshot, skip=("model",))
     position = parts.position
-    watchdog.step = position.step
     watchdog.note_checkpoint(position.step, path)
     changed = parts.optimizer.changed + resume.changed_run_settings(snapshot.get("config", {}), config)
     note = f"; this run's settings win: {', '.join(changed)}" if changed else ""
@@ -184,16 +196,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _batches(config: TrainConfig, launch: Launch, device: torch.device, plan: RunPlan, train_set: Any,
-             collate_fn: Callable | None) -> Any:
-    pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
-    if is_stream(train_set):
-        return Stream(train_set, launch.rank, launch.world_size, plan.per_rank_batch, workers=config.workers,
-                      pin_memory=pin, collate_fn=collate_fn)
-    loader = build_loader(train_set, launch, config.global_batch, seed=config.seed, split=config.split,
-                          drop_last=config.drop_last, workers=config.workers, pin_memory=pin,
-                          persistent_workers=config.persistent_workers, collate_fn=collate_fn,
-                          batched=config.batched_fetch)
+def _batches(config: TrainConfig, launch: Launch, plan: RunPlan, reader: Reader | None) -> Any:
+    data = plan.data
+    if reader is not None:
+        return Stream(data.dataset, launch.rank, launch.world_size, plan.per_rank_batch, workers=data.workers,
+                      pin_memory=data.pin_memory, collate_fn=data.collate_fn, reader=reader)
+    loader = build_loader(data.dataset, launch, config.global_batch, seed=config.seed, shuffle=data.shuffle,
+                          split=config.split, drop_last=data.drop_last, workers=data.workers,
+                          pin_memory=data.pin_memory, persistent_workers=data.persistent_workers,
+                          collate_fn=data.collate_fn, batched=config.batched_fetch)
     return EpochBatches(loader, direct=config.direct_loader)
 
 

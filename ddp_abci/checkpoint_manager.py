@@ -82,14 +82,14 @@ class Writer:
 
 class CheckpointManager:
     def __init__(self, ckpt_dir: str | None, launch: Launch, watchdog: Any, *, keep: int = 2,
-                 background: bool = True, header: Callable[[], dict] | None = None,
+                 background: bool = True, header: dict | None = None,
                  on_written: Callable[[float], None] | None = None) -> None:
-        """`header()` gives the keys that describe the run (format, world size, config, ...);
+        """`header`: the keys that describe the run (format, world size, config, ...), saved beside the parts;
         `on_written(seconds)` hears how long each save cost the loop and the disk together
         (the --stop-after reserve)."""
         self.file = ckpt.checkpoint_path(ckpt_dir) if ckpt_dir else None
         self.launch, self.watchdog, self.keep, self.background = launch, watchdog, keep, background
-        self.header, self.on_written = header or dict, on_written
+        self.header, self.on_written = dict(header or {}), on_written
         self.parts: dict[str, tuple[Stateful, PerRank, bool]] = {}
         self.writer = Writer()
         self.rotate = True       # False after a resume from a kept checkpoint: never keep a bad last.pt
@@ -202,7 +202,7 @@ class CheckpointManager:
 
     def _snapshot(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
         """Rank 0: the checkpoint's dict, from its own parts and every rank's per-rank ones."""
-        snapshot = dict(self.header())
+        snapshot = dict(self.header)
         for key, (part, per_rank, spread) in self.parts.items():
             if per_rank is True:
                 snapshot[key], snapshot[key + PER_RANK] = ranks[0][key], [r[key] for r in ranks]

@@ -1,12 +1,13 @@
 """Data: the seed's toy dataset, batches of any structure, and the per-rank loader built on DistributedSampler."""
 from __future__ import annotations
 
-import itertools
-from typing import Any, Callable, Iterator, Sequence
+import sys
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, default_collate, default_convert
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, default_collate, default_convert
 
 from .config import SPLIT_CHOICES as SPLITS
 from .config import name
@@ -121,40 +122,24 @@ def batch_fetcher(dataset: Dataset, collate_fn: Callable[[list], Any] | None = N
     return BatchedView(dataset, collate_fn)
 
 
-def check_item(item: Any, where: str = "item 0") -> None:
-    """Refuse, naming the fix, an item that default_collate cannot batch the same way each time."""
-    if isinstance(item, (torch.Tensor, np.ndarray, int, float, bool)):
-        return
+def describe(item: Any) -> str:
+    """An item's structure in a few words: 'a dict of x: tensor (3,), id: int'."""
+    if isinstance(item, (torch.Tensor, np.ndarray)):
+        return f"{type(item).__name__} {tuple(item.shape)}"
+    if isinstance(item, Mapping):
+        return "a dict of " + ", ".join(f"{k}: {describe(v)}" for k, v in list(item.items())[:6])
     if isinstance(item, (tuple, list)):
-        for i, part in enumerate(item):
-            check_item(part, f"{where}[{i}]")
-        return
-    if isinstance(item, dict):
-        for key, part in item.items():
-            check_item(part, f"{where}[{key!r}]")
-        return
-    raise UsageError(f"the dataset's {where} is a {type(item).__name__}; return tensors (or numbers), "
-                     "or tuples, lists or dicts of them, from __getitem__")
+        return f"a {type(item).__name__} of " + ", ".join(describe(v) for v in item[:6])
+    return type(item).__name__
 
 
-def first_item(dataset: Any) -> Any:
-    """The dataset's first item: item 0, or a stream's first."""
-    if isinstance(dataset, IterableDataset):
-        for item in dataset:
-            return item
-        raise UsageError(f"the stream {type(dataset).__name__} yields no items")
-    return dataset[0]
-
-
-def first_batch(dataset: Any, size: int, collate_fn: Callable[[list], Any] | None = None) -> Any:
-    """A first batch of `size` items as training makes it (for the dry run)."""
-    if isinstance(dataset, IterableDataset):
-        items = list(itertools.islice(iter(dataset), size))
-        try:
-            return (collate_fn or default_collate)(items)
-        except Exception as e:
-            raise CollateFailed(collate_failure(collate_fn or default_collate, items, range(len(items)), e)) from None
-    return batch_fetcher(dataset, collate_fn)[list(range(min(size, len(dataset))))]
+def first_batch(items: list[Any], collate_fn: Callable[[list], Any] | None = None) -> Any:
+    """The batch training makes of these items (for the dry run)."""
+    collate = collate_fn or default_collate
+    try:
+        return collate(items)
+    except Exception as e:
+        raise CollateFailed(collate_failure(collate, items, range(len(items)), e)) from None
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
@@ -163,17 +148,27 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, (tuple, list)):
         return type(batch)(to_device(b, device, non_blocking) for b in batch)
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):
         return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
     return batch
 
 
 def batch_len(batch: Any) -> int:
-    """Items in a batch: the first dimension of its first tensor."""
+    """Items in a batch: the first dimension of its first tensor (depth first), else the
+    length of its first list (default_collate makes a list of a batch's strings)."""
+    found = _first_tensor(batch)
+    if found is not None:
+        return found.shape[0] if found.dim() else 1
+    parts = list(batch.values()) if isinstance(batch, Mapping) else batch
+    first_list = next((p for p in parts if isinstance(p, list)), parts)
+    return len(first_list)
+
+
+def _first_tensor(batch: Any) -> torch.Tensor | None:
     if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() else 1
-    parts = batch.values() if isinstance(batch, dict) else batch
-    return batch_len(next(iter(parts)))
+        return batch
+    parts = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    return next((t for t in map(_first_tensor, parts) if t is not None), None)
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
@@ -310,11 +305,28 @@ class EpochBatches:
         return iterate(self.loader, direct=self.direct)
 
 
+# CPython up to 3.11.7 deadlocks a child forked while another thread creates a thread state
+# (gh-112275: its interpreter lock is taken before it is reset in the child). gloo's threads
+# create one to drop a collective's tensors as it ends, and the loop forks DataLoader workers
+# right after collectives: 2 of 4 runs of 12 two-worker fits hung here, 0 of 3 with a pause.
+FORK_SAFE = sys.version_info >= (3, 11, 8)
+SETTLE_S = 0.02
+
+
+def settle_before_fork(workers: int) -> None:
+    """Before a DataLoader forks `workers` workers: on an affected Python, give other threads
+    the GIL for a moment to finish what they started (the watchdog ends a worker that still
+    never starts: exit 69 after --timeout)."""
+    if workers and not FORK_SAFE:
+        time.sleep(SETTLE_S)
+
+
 def iterate(loader: DataLoader, direct: bool = True) -> Iterator[Any]:
     """The loader's batches. Without workers or pinned memory, read from its sampler and
     dataset directly, as its single-process iterator does (fetch, then default_convert)
     minus its per-batch bookkeeping, which costs as much as making the seed's batch, most
     of it a profiler range (docs/benchmark.md)."""
     if not direct or loader.num_workers or loader.pin_memory or loader.batch_size is not None:
+        settle_before_fork(loader.num_workers)
         return iter(loader)
     return (default_convert(loader.dataset[indices]) for indices in loader.sampler)

@@ -16,6 +16,7 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, Mapping
 
 from .cli import report
@@ -25,42 +26,87 @@ from .parallel.signals import StopRequest
 from .seed_job import SeedJob
 
 
-def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = None, config: TrainConfig | None = None,
-        *, eval_set: Any = None, optimizer: Any = None, metrics: Mapping[str, Callable] | None = None,
-        on_eval: Callable[[dict], None] | None = None, collate_fn: Callable | None = None,
-        seed_job: SeedJob | None = None, stop: StopRequest | None = None, master_addr: str | None = None,
-        master_port: int | None = None, interface: str | None = None, scheduler: Callable | None = None,
-        state: Mapping[str, Any] | None = None, environment: Any = None) -> int:
-    """Train `model` on `train_set` with `loss_fn(model, batch)` on every rank the launcher
-    started; returns the exit status: 0 done, 75 stopped by SIGTERM/SIGUSR1/Ctrl-C with a
-    checkpoint to resume, 2 bad input (one line printed, nothing written), 65 diverged,
-    69 a rank stopped answering and 74 a checkpoint that could not be written: errors.py.
+@dataclass(frozen=True)
+class Evaluation:
+    """fit()'s held-out evaluation in one keyword: `evaluation=Evaluation(test_set, {"accuracy":
+    correct}, on_eval=final.update)` (the same as eval_set=, metrics=, on_eval=).
 
-    What is left out of model, train_set and loss_fn is the seed's job (`seed_job`,
-    default SeedJob(): its autoencoder, LinspaceDataset, RMSE). `optimizer`: a factory
-    params -> optimizer, given a list of the model's parameters, or an optimizer class,
-    called with lr=config.lr (default: the seed's Adam from config.lr and config.betas).
-    `metrics` maps names to per-item functions evaluated on `eval_set`; `on_eval` gets the
-    evaluation's figures on rank 0; `collate_fn` makes a list of items into a batch
-    (default: torch's default_collate). `scheduler`: a factory optimizer -> LRScheduler,
-    stepped once per optimizer step, saved and restored with the checkpoint. `state`: name ->
-    an object with state_dict()/load_state_dict() (an EMA, a counter), saved at every save
-    point and restored on resume. `environment`: a launch environment of your own
-    (environments/), instead of the one detected. Pass an entered `stop` to keep your own
-    signal handling. `train_set` may be an IterableDataset (streams.py).
+    dataset: the held-out Dataset or stream; metrics: name -> fn(model, batch) giving one value
+    per item (default: the seed's per-item error, else the loss alone); on_eval: gets each
+    evaluation's figures on rank 0. How often: TrainConfig's eval_every."""
+
+    dataset: Any
+    metrics: Mapping[str, Callable] | None = None
+    on_eval: Callable[[dict], None] | None = None
+
+
+def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = None, config: TrainConfig | None = None,
+        *, evaluation: Evaluation | None = None, launch: Any = None, eval_set: Any = None, optimizer: Any = None,
+        metrics: Mapping[str, Callable] | None = None, on_eval: Callable[[dict], None] | None = None,
+        collate_fn: Callable | None = None, seed_job: SeedJob | None = None, stop: StopRequest | None = None,
+        master_addr: str | None = None, master_port: int | None = None, interface: str | None = None,
+        scheduler: Callable | None = None, state: Mapping[str, Any] | None = None, environment: Any = None) -> int:
+    """Train `model` on `train_set` with `loss_fn(model, batch)` on every rank the launcher
+    started.
+
+    Args:
+        model: an nn.Module on the CPU, unwrapped (default: the seed's autoencoder).
+        train_set: a map-style Dataset, an IterableDataset (a stream: streams.py, including
+            Hugging Face datasets, WebDataset, litdata and MosaicML streams), or a DataLoader
+            over either (training_set.py says what is kept of it).
+        loss_fn: fn(model, batch) -> a scalar tensor, run inside autocast.
+        config: TrainConfig (default: its defaults).
+        evaluation: Evaluation(dataset, metrics, on_eval); or the same as eval_set=, metrics=, on_eval=.
+        launch: LaunchOptions(master_addr, master_port, interface) and environment=: where the
+            ranks meet (default: the launcher's); or the same as master_addr=, master_port=,
+            interface=. environment: a launch environment of your own (environments/).
+        optimizer: a factory params -> optimizer, given a list of the model's parameters, or an
+            optimizer class called with lr=config.lr (default: the seed's Adam).
+        collate_fn: makes a list of items into a batch (default: torch's default_collate).
+        seed_job: the seed's job (SeedJob) for what model, train_set and loss_fn leave out.
+        stop: an entered StopRequest, to keep your own signal handling.
+        scheduler: a factory optimizer -> LRScheduler, stepped once per optimizer step.
+        state: name -> an object with state_dict()/load_state_dict() (an EMA, a counter),
+            saved at every save point and restored on resume.
+    Returns: the exit status: 0 done, 75 stopped by SIGTERM/SIGUSR1/Ctrl-C or --stop-after
+        with a checkpoint to resume, 2 bad input (one `error:` line printed, nothing written),
+        65 diverged, 69 a rank stopped answering, 74 a checkpoint could not be written
+        (errors.py).
+    Raises: nothing for the statuses above; an unexpected failure (a bug, CUDA out of memory)
+        on one rank ends every rank with exit 1 and the traceback.
     """
     config = config or TrainConfig()
     with contextlib.ExitStack() as stack:
         stop = stop or stack.enter_context(StopRequest())  # before torch loads: see train.main
-        parts = dict(model=model, train_set=train_set, eval_set=eval_set, loss_fn=loss_fn, optimizer=optimizer,
-                     metrics=metrics, on_eval=on_eval, collate_fn=collate_fn, seed_job=seed_job, scheduler=scheduler,
-                     state=state)
-        meeting = dict(master_addr=master_addr, master_port=master_port, interface=interface, environment=environment,
-                       timeout_s=config.timeout_s)
         try:
-            return _train(config, stop, meeting, parts)
+            evaluation = _one_evaluation(evaluation, eval_set, metrics, on_eval)
+            meeting = _one_meeting(launch, master_addr, master_port, interface, environment)
+            parts = dict(model=model, train_set=train_set, eval_set=evaluation.dataset, loss_fn=loss_fn,
+                         optimizer=optimizer, metrics=evaluation.metrics, on_eval=evaluation.on_eval,
+                         collate_fn=collate_fn, seed_job=seed_job, scheduler=scheduler, state=state)
+            return _train(config, stop, dict(meeting, timeout_s=config.timeout_s), parts)
         except RunError as e:  # bad input (2), diverged (65), a failed save (74): one line each
             return report(e)
+
+
+def _one_evaluation(evaluation: Evaluation | None, eval_set: Any, metrics: Any, on_eval: Any) -> Evaluation:
+    if evaluation is None:
+        return Evaluation(eval_set, metrics, on_eval)
+    if any(v is not None for v in (eval_set, metrics, on_eval)):
+        raise UsageError("fit() got evaluation= and eval_set=/metrics=/on_eval= too: give them in one of the two")
+    return evaluation
+
+
+def _one_meeting(launch: Any, master_addr: str | None, master_port: int | None, interface: str | None,
+                 environment: Any) -> dict:
+    """discover_launch()'s keywords, from launch=LaunchOptions(...) or the separate ones."""
+    separate = dict(master_addr=master_addr, master_port=master_port, interface=interface)
+    if launch is None:
+        return dict(separate, environment=environment)
+    if any(v is not None for v in separate.values()):
+        raise UsageError("fit() got launch= and master_addr=/master_port=/interface= too: give them in one of the two")
+    given = dict(launch) if isinstance(launch, Mapping) else {f.name: getattr(launch, f.name) for f in fields(launch)}
+    return dict(given, environment=environment if environment is not None else given.get("environment"))
 
 
 @contextlib.contextmanager
@@ -78,8 +124,8 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, parts: dict) -> int:
-    """Discover, check what can be checked alone, open the group, train, close: in that order."""
+def _train(config: TrainConfig, stop: StopRequest, meeting: dict, parts: dict) -> int:
+    """Discover, plan what can be planned alone, open the group, train, close: in that order."""
     # Imported here so that `--help` and bad flags answer without loading torch.
     with collector_paused():
         import torch._dynamo  # noqa: F401  DDP's and torch.optim's constructors load it anyway
@@ -89,20 +135,24 @@ def _train(config: TrainConfig, stop: StopRequest, launch_options: dict, parts: 
         from .parallel.process_group import choose_device, distributed
         from .parallel.watchdog import end_job, peer_lost
         from .plan import plan_run
+        from .seed_job import complete
         from .trainer import Trainer
 
     if dist.is_available() and dist.is_initialized():
         raise UsageError("fit() opens and closes its own process group, and one is open already: call "
                          "Trainer(config, launch, device, ...) inside your own group instead, or destroy yours first")
     startup = {"process_unix": stop.created_unix, "imports_unix": time.time()}
-    launch = discover_launch(**launch_options)  # MPI_Init happens here, under mpirun
+    launch = discover_launch(**meeting)  # MPI_Init happens here, under mpirun
     startup["launch_unix"] = time.time()
-    plan = plan_run(config, launch, choose_device(launch))  # every choice checked before the group opens
+    job = complete(parts.pop("model"), parts.pop("train_set"), parts.pop("eval_set"), parts.pop("loss_fn"),
+                   parts.pop("seed_job"), config)
+    # Every choice checked before the group opens, each made once: the Trainer is built from it.
+    plan = plan_run(config, launch, choose_device(launch), job.train_set, parts["collate_fn"])
     with distributed(launch, timeout_s=config.timeout_s) as device:
         startup["group_unix"] = time.time()  # the run's first line comes once its gradient path is known (assembly.py)
         try:
             # The Trainer holds DDP, which holds the group: `with` frees it before the group closes.
-            with Trainer(config, launch, device, plan=plan, startup=startup, stop=stop, **parts) as trainer:
+            with Trainer(config, launch, device, job=job, plan=plan, startup=startup, stop=stop, **parts) as trainer:
                 return trainer.run()
         except RunError as e:
             if e.same_on_every_rank or launch.world_size == 1:

@@ -1,8 +1,12 @@
-"""The resolved run: what a TrainConfig means on this launch and this machine, worked out
-once (before the process group opens, so a bad choice costs nothing) and passed in."""
+"""The resolved run: what a TrainConfig means on this launch, this machine and this training
+set, worked out once (before the process group opens, so a bad choice costs nothing) and
+passed in. Each question has one answer here: the device, the precision, the gradient path,
+each rank's batch, and what is trained on (training_set.py: a stream or not, its items, pin
+memory, workers)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -13,6 +17,7 @@ from .options import check_choice
 from .parallel.gradients import GradientPath, gradient_path
 from .parallel.launch import Launch
 from .precision import resolve_precision
+from .training_set import TrainingSet, training_set
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,7 @@ class RunPlan:
     precision: str         # "no" (fp32), "fp16" or "bf16": --amp auto resolved
     comm: str              # the gradient all-reduce: nccl, mpi, gloo, or "measure" (MPI or gloo, by measurement)
     per_rank_batch: int    # --bs split over the ranks
+    data: TrainingSet | None  # what is trained on, and how it is read (None: planned without one)
 
     def gradients(self) -> GradientPath | None:
         """The chosen path as the loop uses it (DDP's hook, the control all-reduce); None
@@ -28,8 +34,10 @@ class RunPlan:
         return None if self.comm == "measure" else gradient_path(self.comm)
 
 
-def plan_run(config: TrainConfig, launch: Launch, device: torch.device) -> RunPlan:
-    """Each choice checked by its own function; a UsageError names the fix."""
+def plan_run(config: TrainConfig, launch: Launch, device: torch.device, train_set: Any = None,
+             collate_fn: Callable | None = None) -> RunPlan:
+    """Each choice checked by its own function; a UsageError names the fix. `train_set`: a
+    Dataset, an IterableDataset or a DataLoader (training_set.py)."""
     if config.sync_batchnorm and device.type != "cuda":
         # torch 2.13's SyncBatchNorm.forward raises for CPU tensors whenever a process group
         # is open (nn/modules/batchnorm.py), even on one rank.
@@ -37,7 +45,9 @@ def plan_run(config: TrainConfig, launch: Launch, device: torch.device) -> RunPl
                          "CPU leave it off (rank 0's BatchNorm statistics are shared before each evaluation and save)")
     return RunPlan(device=device, precision=resolve_precision(config.amp, device),
                    comm=resolve_comm(config.comm, launch, device),
-                   per_rank_batch=per_rank_batch(config.global_batch, launch.world_size))
+                   per_rank_batch=per_rank_batch(config.global_batch, launch.world_size),
+                   data=None if train_set is None else training_set(train_set, config, collate_fn, device,
+                                                                    launch.world_size))
 
 
 def resolve_comm(comm: str, launch: Launch, device: torch.device) -> str:

@@ -3,24 +3,27 @@ no work and overwrites nothing. Rank 0 checks the files; every rank checks its d
 runs loss_fn once. The functions named share_* are collectives; the rest are local."""
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from . import checkpoint as ckpt
 from . import resume
 from .config import TrainConfig, name, turn_on
-from .data import CollateFailed, batch_fetcher, batch_len, check_item, first_batch, first_item, to_device
+from .data import CollateFailed, batch_fetcher, batch_len, describe, first_batch, to_device
 from .errors import UsageError, one_line
 from .model import LossFn, unwrap
-from .parallel.collectives import print_main, raise_if_any_rank_failed, rank0_decides
+from .parallel.collectives import all_ranks, print_main, raise_if_any_rank_failed, rank0_decides
 from .parallel.launch import Launch
 from .precision import autocast
+from .stream_readers import Reader, reading_failure
 from .streams import has_length, is_stream
 from .tracking import check_tensorboard_installed
+from .training_set import TrainingSet
 
 UNUSED_ADVICE = (f"remove the layer, freeze it (requires_grad_(False)), or set {turn_on('find_unused_parameters')} "
                  "when a layer is used on some steps or ranks only")
@@ -127,48 +130,80 @@ def output_error(flag: str, path: str, atomic: bool = False) -> str | None:
     return None
 
 
-def check_data(train_set: Dataset, eval_set: Dataset | None, config: TrainConfig, launch: Launch) -> None:
+def check_data(data: TrainingSet, reader: Reader | None, eval_set: Dataset | None, config: TrainConfig,
+               launch: Launch) -> None:
     """Local: sizes that would train something other than what the log says, and datasets
-    that the sampler cannot share out or the collate cannot batch."""
+    that the sampler cannot share out or the collate step cannot batch (its own message)."""
     world = launch.world_size
-    for what, dataset in (("training set", train_set), ("evaluation set", eval_set)):
+    for what, dataset, collate in (("training set", data.dataset, data.collate_fn),
+                                   ("evaluation set", eval_set, data.collate_fn)):
         if dataset is None:
             continue
         if not is_stream(dataset) and not has_length(dataset):
             raise UsageError(f"the {what} is a {type(dataset).__name__} with neither a length nor an iterator: give "
                              "a map-style Dataset (__len__ and __getitem__) or an IterableDataset (__iter__)")
-        if has_length(dataset) and len(dataset) < world:
+        if not is_stream(dataset) and len(dataset) < world:
             raise UsageError(f"the {what} has {len(dataset)} items for {world} ranks: every rank needs at least one; "
                              f"use more items (num_items, --num-items, for the seed's data) or fewer ranks")
-        check_item(first_item(dataset), "item 0")
-    if is_stream(train_set):
-        if config.schedule == "cosine" and not config.max_steps and not has_length(train_set):
+        items = read_first(reader if dataset is data.dataset else None, dataset, 1, what)
+        if not items:
+            raise UsageError(f"the {what} {type(dataset).__name__} yields no items")
+        check_collates(items[0], collate, what)
+    if data.stream:
+        if config.schedule == "cosine" and not config.max_steps and reader.batches_per_epoch() is None:
             raise UsageError(f"{name('schedule')} cosine needs the run's length: set {name('max_steps')}, or give "
                              "the stream a __len__")
         return
-    if config.global_batch > len(train_set):
+    if config.global_batch > data.items:
         raise UsageError(f"{name('global_batch')} {config.global_batch} is larger than the training set "
-                         f"({len(train_set)} items); use {len(train_set) // world * world} or less")
+                         f"({data.items} items); use {data.items // world * world} or less")
 
 
-def dry_run(model: torch.nn.Module, train_set: Dataset, loss_fn: LossFn, precision: str, device: torch.device,
-            per_rank_batch: int, *, collate_fn: Callable | None = None, find_unused: bool = False,
-            eval_set: Dataset | None = None, metrics: Mapping[str, Callable] | None = None,
-            last_batch: int = 0) -> str | None:
+def read_first(reader: Reader | None, dataset: Any, count: int, what: str = "training set") -> list[Any]:
+    """A dataset's first `count` items (a stream's through its reader, which leaves the
+    library as it was); a failure is one line with the library's own message."""
+    try:
+        if reader is not None:
+            return reader.first_items(count)
+        if is_stream(dataset):
+            return list(itertools.islice(iter(dataset), count))
+        return [dataset[i] for i in range(min(count, len(dataset)))]
+    except UsageError:
+        raise
+    except Exception as e:
+        raise UsageError(f"reading the {what}'s first items failed ({reading_failure(e)}); fix the "
+                         f"dataset's {'__iter__' if is_stream(dataset) else '__getitem__'}") from None
+
+
+def check_collates(item: Any, collate_fn: Callable | None, what: str = "training set") -> None:
+    """Refuse, with the collate step's own message, an item it cannot make into a batch."""
+    collate = collate_fn or default_collate
+    try:
+        collate([item, item])
+    except Exception as e:
+        how = getattr(collate, "__name__", type(collate).__name__)
+        raise UsageError(f"the {what}'s first item ({describe(item)}) cannot be batched by {how}: "
+                         f"{type(e).__name__}: {one_line(e)}; return tensors, numbers, numpy arrays or strings, or "
+                         "tuples, lists and dicts of them, or pass collate_fn= that batches yours") from None
+
+
+def dry_run(model: torch.nn.Module, data: TrainingSet, reader: Reader | None, loss_fn: LossFn, precision: str,
+            device: torch.device, per_rank_batch: int, *, find_unused: bool = False, eval_set: Dataset | None = None,
+            metrics: Mapping[str, Callable] | None = None, last_batch: int = 0) -> str | None:
     """Local: one forward and backward of loss_fn on a first batch, as training will run
     it (and on a batch of `last_batch` items, the size of an epoch's short last batch on
     each rank); weights, buffers, gradients and the RNG are put back as they were. Returns
     what is wrong, in one line, or None: the loss is not a scalar or not connected to the
     model, a trainable parameter got no gradient (DDP would stop at the second step), the
     short last batch fails (BatchNorm on one item), a metric does not give one value per item."""
+    collate_fn = data.collate_fn
     try:
-        fetch = batch_fetcher(train_set, collate_fn) if not is_stream(train_set) else None
-        batch = to_device(first_batch(train_set, per_rank_batch, collate_fn), device)
-    except CollateFailed as e:
+        fetch = batch_fetcher(data.dataset, collate_fn) if not data.stream else None
+        batch = first_batch(read_first(reader, data.dataset, per_rank_batch), collate_fn) if fetch is None else \
+            fetch[list(range(min(per_rank_batch, data.items)))]
+        batch = to_device(batch, device)
+    except (CollateFailed, UsageError) as e:
         return str(e)
-    except Exception as e:
-        return (f"reading a first batch failed ({type(e).__name__}: {one_line(e)}); fix the dataset's "
-                f"{'__iter__' if is_stream(train_set) else '__getitem__'}")
     snapshot = _state_of(model)
     try:
         with autocast(precision, device):
@@ -189,17 +224,31 @@ def dry_run(model: torch.nn.Module, train_set: Dataset, loss_fn: LossFn, precisi
     return error
 
 
+def share_stream_order(launch: Launch, reader: Reader) -> None:
+    """Collective: rank 0 says, before the first step, when the stream's order cannot be read
+    again alike (an unseeded shuffle, or each rank drawing its own seed): a resume mid-epoch
+    would then replay other items, and is refused."""
+    keys = all_ranks(repr(reader.order_key()))
+    warning = reader.order_warning()
+    if warning is None and len(set(keys)) > 1:
+        warning = (f"each rank drew its own shuffle seed ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}: "
+                   "no seed= given): the order differs on each run, and a resume mid-epoch would replay other "
+                   "items; pass seed= to it")
+    if warning is not None:
+        print_main(launch, f"warning: {reader.kind}: {warning}; a resume mid-epoch is refused")
+
+
 def share_dry_run(error: str | None) -> None:
     """Collective: a failed dry run on any rank stops every rank with its message."""
     raise_if_any_rank_failed(error)
 
 
-def short_last_batch(train_set: Dataset, config: TrainConfig, world: int) -> int:
+def short_last_batch(data: TrainingSet, config: TrainConfig, world: int) -> int:
     """Items each rank gets in the epoch's last batch when it is shorter than the rest, else 0
     (a stream trains whole batches only)."""
-    if config.drop_last or is_stream(train_set):
+    if data.drop_last or data.stream:
         return 0
-    padded = -(-len(train_set) // world) * world  # DistributedSampler pads to a multiple of the world
+    padded = -(-data.items // world) * world  # DistributedSampler pads to a multiple of the world
     return padded % config.global_batch // world
 
 
@@ -268,7 +317,7 @@ def _short_batch_fails(model: torch.nn.Module, fetch: Any, loss_fn: LossFn, prec
 
 def _bad_metric(model: torch.nn.Module, eval_set: Dataset, collate_fn: Callable | None, metrics: Mapping[str, Callable],
                 precision: str, device: torch.device, per_rank_batch: int) -> str | None:
-    batch = to_device(first_batch(eval_set, per_rank_batch, collate_fn), device)
+    batch = to_device(first_batch(read_first(None, eval_set, per_rank_batch, "evaluation set"), collate_fn), device)
     items = batch_len(batch)
     model.eval()
     with torch.no_grad(), autocast(precision, device):

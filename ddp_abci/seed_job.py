@@ -24,6 +24,15 @@ class JobParts(NamedTuple):
     loss_fn: Any     # loss_fn(model, batch) -> scalar tensor
 
 
+class Job(NamedTuple):
+    """What one run trains: fit()'s parts, completed from the seed's job where left out."""
+    model: Any
+    train_set: Any
+    eval_set: Any
+    loss_fn: Any
+    settings: dict   # the seed's job's settings, for the checkpoint's config ({} for your own parts)
+
+
 @dataclass(frozen=True)
 class SeedJob:
     dim_in: int = option(1000, "the autoencoder's input width (the seed's 1000)", low=1, high=2**31 - 1)
@@ -58,13 +67,13 @@ class SeedJob:
 
 
 def complete(model: Any, train_set: Any, eval_set: Any, loss_fn: Any, seed_job: "SeedJob | None",
-             config: Any) -> tuple[Any, Any, Any, Any, dict]:
-    """fit()'s parts with what is left out taken from the seed's job; and the job's settings
+             config: Any) -> Job:
+    """fit()'s parts with what is left out taken from the seed's job, and the job's settings
     for the checkpoint's config (empty when the user brought model, data and loss)."""
     if model is not None and train_set is not None and loss_fn is not None:
-        return model, train_set, eval_set, loss_fn, {}
+        return Job(model, train_set, eval_set, loss_fn, {})
     job = seed_job or SeedJob()
     parts = job.build(config.seed, config.eval_every)
     eval_set = parts.eval_set if train_set is None and eval_set is None else eval_set
-    return (parts.model if model is None else model, train_set if train_set is not None else parts.train_set,
-            eval_set, loss_fn or parts.loss_fn, job.to_dict())
+    return Job(parts.model if model is None else model, train_set if train_set is not None else parts.train_set,
+               eval_set, loss_fn or parts.loss_fn, job.to_dict())

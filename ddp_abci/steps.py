@@ -20,6 +20,7 @@ from .data import CollateFailed, batch_len, to_device
 from .errors import RankFailed, one_line
 from .parallel.watchdog import peer_lost, timed_out
 from .preflight import UNUSED_ADVICE
+from .stream_readers import reading_failure
 
 
 class StepResult(NamedTuple):
@@ -58,9 +59,9 @@ class Groups:
     with a read-ahead queue for streams (available())."""
 
     def __init__(self, batches: Iterator[Any], accum: int, device: torch.device, non_blocking: bool, *,
-                 stream: bool, here: str, step: Callable[[], int]) -> None:
+                 stream: bool, here: str, step: Callable[[], int], watchdog: Any) -> None:
         self.batches, self.accum, self.device, self.non_blocking = batches, accum, device, non_blocking
-        self.stream, self.here, self.step = stream, here, step
+        self.stream, self.here, self.step, self.watchdog = stream, here, step, watchdog
         self.ahead: collections.deque[Group] = collections.deque()
         self.ended = False
 
@@ -87,12 +88,13 @@ class Groups:
 
     def _read(self) -> Group | None:
         try:
-            items = list(itertools.islice(self.batches, self.accum))
+            with self.watchdog.awaiting_data():  # a stream that yields nothing ends the job after --timeout
+                items = list(itertools.islice(self.batches, self.accum))
         except CollateFailed as e:
             raise RankFailed(f"{self.here}: {e}") from None
         except Exception as e:  # the dataset's __getitem__ or __iter__, a worker
-            raise RankFailed(f"{self.here}: reading a batch of step {self.step() + 1} failed ({type(e).__name__}: "
-                             f"{one_line(e)}); fix the dataset") from None
+            raise RankFailed(f"{self.here}: reading a batch of step {self.step() + 1} failed ({reading_failure(e)}); "
+                             "fix the dataset") from None
         if not items:
             return None
         batches, where = ([b for b, _ in items], [w for _, w in items]) if self.stream else (items, [])

@@ -277,15 +277,21 @@ def training_line(config: Any, epoch_batches: int | None, per_rank_batch: int, p
             f"({per_rank_batch} per rank), precision {precision}, checkpoints {checkpoint or 'off'}")
 
 
-def epoch_line(which: str, mean: float, tally: Any, dropped: int) -> str:
-    """The line at an epoch's end (or where a stop cut it): the loss over every rank's steps."""
+def epoch_line(which: str, mean: float, tally: Any, dropped: int, short: int = 0) -> str:
+    """The line at an epoch's end (or where a stop cut it): the loss over every rank's steps; a
+    stream's items read ahead past the shortest share's end (`dropped`) and in its readers'
+    short last batches (`short`), never trained this epoch."""
     elapsed = time.perf_counter() - tally.started
+    if not tally.steps:
+        return f"epoch {which}: no step trained ({elapsed:.2f}s)"
     extra = f", {tally.skipped} steps skipped by fp16 overflow" if tally.skipped else ""
     if tally.norms:
         mean_norm = sum(tally.norms) / len(tally.norms)
         extra += f", grad norm before clipping mean {mean_norm:.3g} max {max(tally.norms):.3g}"
     if dropped:
         extra += f", {dropped} items of the longer shares dropped (the shortest share ended it)"
+    if short:
+        extra += f", {short} items of the readers' short last batches dropped"
     return (f"epoch {which}: loss {mean:.4f}, {tally.samples / max(elapsed, 1e-9):,.0f} samples/s, {elapsed:.2f}s"
             f"{extra}")
 

@@ -23,8 +23,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import checkpoint as ckpt
-from .assembly import assemble
-from .checkpoint_manager import CheckpointManager
+from .assembly import Assembly, assemble
 from .config import TrainConfig
 from .data import batch_len
 from .errors import Diverged, RunError, SaveFailed
@@ -37,53 +36,56 @@ from .parallel.watchdog import Watchdog, collective
 from .plan import RunPlan, plan_run
 from .precision import autocast
 from .resume import Position
-from .seed_job import SeedJob, complete
+from .seed_job import Job, SeedJob, complete
 from .steps import EpochTally, Groups, StepResult, backward_phase, grad_sync, optimizer_step, own_failure
 from .stragglers import StepClock
-from .streams import is_stream
 from .tracking import Clock, end_of_run, epoch_line, peak_memory_mib, run_summary, training_line, write_summary
 
 
 class Trainer:
+    """One run's loop, built once: `Trainer(config, launch, device, model=..., train_set=...,
+    loss_fn=...)` inside an open process group, then run(). fit() builds it the same way.
+
+    Args: config (TrainConfig), launch (parallel.launch.Launch), device (the rank's device);
+    the parts as fit() takes them (model, train_set, eval_set, loss_fn, optimizer, metrics,
+    on_eval, collate_fn, scheduler, state, seed_job); plan: the RunPlan fit() made before the
+    group opened (made here when None); job: the parts completed from the seed's job (fit()'s;
+    made here from the parts when None); startup: the start-up milestones; stop: the
+    StopRequest that turns signals into a stop (a new one when None).
+    Raises: RunError (UsageError and its kin: one line, exit 2) for a part that cannot work,
+    before any training; the process group stays as it was.
+    """
+
     def __init__(self, config: TrainConfig, launch: Launch, device: torch.device, *,
                  model: torch.nn.Module | None = None, train_set: Any = None, eval_set: Any = None,
                  loss_fn: LossFn | None = None, optimizer: OptimizerFactory | type | None = None,
                  metrics: Mapping[str, MetricFn] | None = None, on_eval: Callable[[dict], None] | None = None,
                  collate_fn: Callable | None = None, seed_job: SeedJob | None = None, plan: RunPlan | None = None,
                  startup: dict[str, float] | None = None, stop: StopRequest | None = None,
-                 scheduler: Callable | None = None, state: Mapping[str, Any] | None = None) -> None:
+                 scheduler: Callable | None = None, state: Mapping[str, Any] | None = None,
+                 job: Job | None = None) -> None:
+        job = job or complete(model, train_set, eval_set, loss_fn, seed_job, config)
         self.config, self.launch, self.device = config, launch, device
-        self.plan = plan or plan_run(config, launch, device)  # fit() passes the one it checked before the group
-        self.precision, self.per_rank_batch = self.plan.precision, self.plan.per_rank_batch
+        self.plan = plan or plan_run(config, launch, device, job.train_set, collate_fn)
+        self.precision, self.per_rank_batch, self.stream = self.plan.precision, self.plan.per_rank_batch, \
+            self.plan.data.stream
         self.clock, self.stop, self.host = Clock(startup), stop or StopRequest(), socket.gethostname()
         self.here = f"rank {launch.rank} (host {self.host})"  # who a failure names
         self.position = Position()  # where the run is: the start, or (assembly.py) a resume's
-        model, train_set, eval_set, loss_fn, self.job_settings = complete(model, train_set, eval_set, loss_fn,
-                                                                          seed_job, config)
-        self.train_set, self.eval_set, self.on_eval, self.loss_fn = train_set, eval_set, on_eval, loss_fn
-        self.collate_fn, self.stream = collate_fn, is_stream(train_set)
+        self.eval_set, self.on_eval, self.loss_fn = job.eval_set, on_eval, job.loss_fn
+        self.collate_fn = self.plan.data.collate_fn
         self.eval_metrics = dict(metrics) if metrics is not None else default_metrics(self.loss_fn)
-        self.eval_every = (config.eval_every or 1) if eval_set is not None else 0
-        self.pin = device.type == "cuda" if config.pin_memory is None else config.pin_memory
-        self.watchdog = Watchdog(launch, config.timeout_s, record=self._record, report_dir=config.ckpt_dir).start()
-        header = {"format": ckpt.FORMAT, "global_batch": config.global_batch, "world_size": launch.world_size,
-                  "train_items": None if self.stream else len(train_set),  # the keys beside the parts: checkpoint.KEYS
-                  "config": {**config.to_dict(), **self.job_settings}}
-        self.checkpoints = CheckpointManager(config.ckpt_dir, launch, self.watchdog, keep=config.keep,
-                                             background=config.async_save,
-                                             header=lambda: {**header, "gradients": self.gradients.name})
-        self.tally, self.steps_left, self.save_due = EpochTally(device), None, False  # steps_left: a stream's end
-        self.step_clock, self.stragglers, self.trackers = StepClock(self.watchdog), None, None
-        self.model = self.ddp = self.gradients = self.optimizer = self.scheduler = self.batches = self.groups = None
+        self.eval_every = (config.eval_every or 1) if job.eval_set is not None else 0
+        self.watchdog = Watchdog(launch, config.timeout_s, record=self._record, report_dir=config.ckpt_dir,
+                                 step=lambda: self.position.step).start()
+        self.tally, self.steps_left, self.save_due, self.groups = EpochTally(device), None, False, None
+        self.step_clock = StepClock(self.watchdog)
+        self.built: Assembly | None = None  # everything the loop trains with (assembly.py), kept whole
         try:
-            built = assemble(config, launch, device, self.plan, self.watchdog, self.checkpoints, self.stop,
-                             self.position, model=model, train_set=train_set, eval_set=eval_set, loss_fn=loss_fn,
-                             optimizer=optimizer, scheduler=scheduler, collate_fn=collate_fn, state=dict(state or {}),
-                             eval_metrics=self.eval_metrics if self.eval_every else {}, startup=self.clock.startup)
-            self.model, self.ddp, self.gradients, self.batches = built.model, built.ddp, built.gradients, built.batches
-            self.optimizer, self.scaler, self.scheduler = built.optimizer, built.scaler, built.scheduler
-            self.save_points, self.agreement, self.stragglers, self.trackers = (built.save_points, built.agreement,
-                                                                                built.stragglers, built.trackers)
+            self.built = assemble(config, launch, self.plan, self.watchdog, self.stop, self.position, job,
+                                  optimizer=optimizer, scheduler=scheduler, state=dict(state or {}),
+                                  eval_metrics=self.eval_metrics if self.eval_every else {},
+                                  startup=self.clock.startup)
         except BaseException:
             # Free DDP now, while the group is open: dropped later with the traceback, its
             # reducer's gloo threads deadlock on the GIL (seen as a rank hung at exit).
@@ -94,7 +96,10 @@ class Trainer:
 
     def run(self) -> int:
         """Train until --epochs or --max-steps, or until a stop signal; returns the exit status
-        and, with --ckpt-dir, records it in DIR/status (rank 0; a rank's own failure: that rank)."""
+        (0 done, 75 stopped with a checkpoint) and, with --ckpt-dir, records it in DIR/status
+        (rank 0; a rank's own failure: that rank). Once it has returned the Trainer holds no
+        model, optimizer or DDP: the process group can close whatever holds the Trainer.
+        Raises: RunError (Diverged 65, SaveFailed 74, RankFailed 2), recorded first."""
         try:
             status, line = self._train()
         except RunError as e:
@@ -102,47 +107,49 @@ class Trainer:
                 self._record(e.exit_status, f"error: {e}")
             raise
         self._record(status, line)
+        self.close(together=True)  # a finished Trainer holds nothing of the process group, however it is held
         return status
 
     def _train(self) -> tuple[int, str]:
-        print_main(self.launch, training_line(self.config, len(self.batches) if self.batches.sized else None,
-                                              self.per_rank_batch, self.precision, self.checkpoints.file))
-        if self.agreement.deadline is not None:
-            print_main(self.launch, self.agreement.deadline_line())
+        batches = self.built.batches
+        print_main(self.launch, training_line(self.config, len(batches) if batches.sized else None,
+                                              self.per_rank_batch, self.precision, self.built.checkpoints.file))
+        if self.built.agreement.deadline is not None:
+            print_main(self.launch, self.built.agreement.deadline_line())
         stopped_by, last_loss, steps_before = 0, math.nan, self.step
         with self.watchdog.working("training"):
             while not self._finished() and not stopped_by:
                 stopped_by, last_loss = self._run_epoch()
             self._finish_saves()
-        self.trackers.close()
+        self.built.trackers.close()
         self._check_replicas()
         self._write_summary(last_loss, stopped_by)
         self._save_model()
         status, line = end_of_run(stopped_by, self._finished(), self.position, steps_before, last_loss,
-                                  self.checkpoints.file)
+                                  self.built.checkpoints.file)
         print_main(self.launch, line)
         return status, line
 
     def _run_epoch(self) -> tuple[int, float]:
         """Train the rest of the current epoch, saving at each save point inside it; returns
         (the stop signal or 0, the epoch's mean loss over all ranks)."""
-        stream = self.stream
-        batches = self.batches.begin(self.epoch) if stream else self.batches.begin(self.epoch, self.batch_in_epoch)
-        self.groups = Groups(batches, self.config.accum, self.device, self.pin, stream=stream, here=self.here,
-                             step=lambda: self.step)
+        stream, built = self.stream, self.built
+        batches = built.batches.begin(self.epoch) if stream else built.batches.begin(self.epoch, self.batch_in_epoch)
+        self.groups = Groups(batches, self.config.accum, self.device, self.plan.data.pin_memory, stream=stream,
+                             here=self.here, step=lambda: self.step, watchdog=self.watchdog)
         self.tally, self.steps_left, stopped_by = EpochTally(self.device), None, 0
-        self.trackers.epoch_started(self.step)
+        built.trackers.epoch_started(self.step)
         self.step_clock.restart()
         if stream:
             stopped_by = self._agree()  # how many steps every rank has, before the first
         for group in self.groups if not stopped_by else ():
             result = self.train_step(group.batches)
             self._count(result, group)
-            if self.agreement.due(self.step) or self._at_save_point() or self.save_points.step_due(self.step):
+            if built.agreement.due(self.step) or self._at_save_point() or built.save_points.step_due(self.step):
                 stopped_by = self._agree()
                 if stopped_by or self._at_save_point():
                     break
-                if self.save_points.step_due(self.step) or self.save_due:
+                if built.save_points.step_due(self.step) or self.save_due:
                     self._save()
         mean = self._epoch_report()
         if self._epoch_done():
@@ -156,18 +163,18 @@ class Trainer:
         """A step done: the tallies, the clocks, the logs, the stream's position."""
         self.tally.add(result)
         self.position.advance(len(group.batches))
-        self.watchdog.step = self.step
         self.step_clock.step_done()
         for where in group.where:
-            self.batches.trained_one(where)
+            self.built.batches.trained_one(where)
         self.steps_left = None if self.steps_left is None else self.steps_left - 1
-        self.trackers.after_step(self.step, self.epoch, result, self.optimizer, self.scaler, self.clock, self.tally,
-                                 self._where)
-        self.agreement.watch(result.grad_norm, result.skipped)
+        built = self.built
+        built.trackers.after_step(self.step, self.epoch, result, built.optimizer, built.scaler, self.clock, self.tally,
+                                  self._where)
+        built.agreement.watch(result.grad_norm, result.skipped)
 
     def _where(self) -> str:
         """The progress line's place (only when a line is due: len() of a loader is not free)."""
-        return self.position.label(self.config.epochs, len(self.batches) if self.batches.sized else None,
+        return self.position.label(self.config.epochs, len(self.built.batches) if self.built.batches.sized else None,
                                    self.config.global_batch)
 
     # Where the run is (resume.Position): epochs completed, batches of this epoch, optimizer steps.
@@ -176,7 +183,7 @@ class Trainer:
     step = property(lambda self: self.position.step)
 
     def _epoch_done(self) -> bool:
-        return self.steps_left == 0 if self.stream else self.batch_in_epoch == len(self.batches)
+        return self.steps_left == 0 if self.stream else self.batch_in_epoch == len(self.built.batches)
 
     def _finished(self) -> bool:
         max_steps = self.config.max_steps
@@ -190,20 +197,20 @@ class Trainer:
 
     def train_step(self, micro_batches: list[Any]) -> StepResult:
         """One optimizer step over the micro-batches (--accum of them; one by default)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.built.optimizer.zero_grad(set_to_none=True)
         count, loss_sum, samples, what = len(micro_batches), None, 0, ""
         try:
             for i, batch in enumerate(micro_batches):
                 last = i == count - 1
-                with grad_sync(self.ddp, last):
+                with grad_sync(self.built.ddp, last):
                     what = "loss_fn raised"
                     with autocast(self.precision, self.device), self.watchdog.working("loss_fn"):
-                        loss = self.loss_fn(self.model, batch)
+                        loss = self.loss_fn(self.built.model, batch)
                     # / count: the accumulated gradient is that of the micro-batch losses' mean (x / 1 is
                     # skipped: an op and a backward node). DDP all-reduces during the last one's backward.
                     what = "the backward pass failed"
-                    with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.gradients):
-                        self.scaler.scale(loss / count if count > 1 else loss).backward()
+                    with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.built.gradients):
+                        self.built.scaler.scale(loss / count if count > 1 else loss).backward()
                 loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
                 loss_sum = loss if loss_sum is None else loss_sum + loss
                 samples += batch_len(batch)
@@ -211,11 +218,11 @@ class Trainer:
             raise own_failure(e, self.watchdog, self.here, what, self.step, batch, bool(self.config.ckpt_dir)) from None
         grad_norm = None
         if self.config.clip_norm:
-            self.scaler.unscale_(self.optimizer)  # clip true gradients, not scaled ones
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip_norm).item()
-        skipped = optimizer_step(self.optimizer, self.scaler)
-        if self.scheduler is not None and not skipped:
-            self.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
+            self.built.scaler.unscale_(self.built.optimizer)  # clip true gradients, not scaled ones
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.built.model.parameters(), self.config.clip_norm).item()
+        skipped = optimizer_step(self.built.optimizer, self.built.scaler)
+        if self.built.scheduler is not None and not skipped:
+            self.built.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
         return StepResult(loss_sum / count if count > 1 else loss_sum, skipped, grad_norm,
                           samples * self.launch.world_size)
 
@@ -225,38 +232,42 @@ class Trainer:
     def _agree(self) -> int:
         """Collective: the stop signal, the deadline, a divergence, a save due by rank 0's
         clock, a stream's end and every rank's compute time, agreed in one all-reduce."""
-        window = self.agreement.steps_to_next_check(self.step) if self.stream and self.steps_left is None else 0
+        agreement = self.built.agreement
+        window = agreement.steps_to_next_check(self.step) if self.stream and self.steps_left is None else 0
         with self.watchdog.working("reading ahead"):
             shortfall = window - self.groups.available(window) if window else 0
-        since = self.agreement.checked_step
-        verdict = self.agreement.agree(self.step, self.tally.loss_sum, shortfall=shortfall,
-                                       save_due=self.launch.is_main and self.save_points.clock_due(),
-                                       compute_us=self.step_clock.take_median_us())
+        since = agreement.checked_step
+        verdict = agreement.agree(self.step, self.tally.loss_sum, shortfall=shortfall,
+                                  save_due=self.launch.is_main and self.built.save_points.clock_due(),
+                                  compute_us=self.step_clock.take_median_us())
         if verdict.diverged:
             last = self.tally.last.loss.item() if self.tally.last is not None else math.nan
-            raise Diverged(self.agreement.describe(verdict.diverged, since, self.step, last, self.checkpoints.file,
-                                                   self.config.lr))
+            raise Diverged(agreement.describe(verdict.diverged, since, self.step, last, self.built.checkpoints.file,
+                                              self.config.lr))
         if window and verdict.shortfall:
             self.steps_left = window - verdict.shortfall  # a rank's share ends there: every rank's epoch does
         self.save_due = bool(verdict.save)
-        if self.stragglers is not None:
-            for line in self.stragglers.observe(verdict.compute_us):
+        if self.built.stragglers is not None:
+            for line in self.built.stragglers.observe(verdict.compute_us):
                 print(line, flush=True)
         return verdict.signal
 
     @collective("epoch loss reduce")
     def _epoch_report(self) -> float:
-        """Collective: the epoch's loss averaged over every rank's steps (not rank 0's own), logged."""
-        tally, dropped = self.tally, (self.groups.dropped_items() + self.batches.dropped) if self.stream else 0
-        totals = reduce(torch.tensor([tally.loss_sum.item(), tally.steps, dropped], dtype=torch.float64,
+        """Collective: the epoch's loss averaged over every rank's steps (not rank 0's own), logged,
+        with a stream's items left untrained: those read ahead past the shortest share's end (only
+        when the epoch ended: after a stop the resume trains them) and the readers' short batches."""
+        tally, batches = self.tally, self.built.batches
+        ahead = self.groups.dropped_items() if self.stream and self._epoch_done() else 0
+        short = batches.dropped if self.stream else 0
+        totals = reduce(torch.tensor([tally.loss_sum.item(), tally.steps, ahead, short], dtype=torch.float64,
                                      device=self.device), "sum")
         mean = (totals[0] / totals[1].clamp(min=1)).item()
-        part = "" if self._epoch_done() or not self.batches.sized else \
-            f" [{self.batch_in_epoch}/{len(self.batches)} batches]"
+        part = "" if self._epoch_done() or not batches.sized else f" [{self.batch_in_epoch}/{len(batches)} batches]"
         print_main(self.launch, epoch_line(f"{self.epoch + 1}/{self.config.epochs}{part}", mean, tally,
-                                           int(totals[2].item())))
-        self.trackers.scalars(self.step, {"epoch_loss": mean, **(self.stragglers.tracked() if self.stragglers
-                                                                  else {})})
+                                           int(totals[2].item()), int(totals[3].item())))
+        stragglers = self.built.stragglers
+        self.built.trackers.scalars(self.step, {"epoch_loss": mean, **(stragglers.tracked() if stragglers else {})})
         return mean
 
     @collective("checkpoint save")
@@ -264,10 +275,10 @@ class Trainer:
         """Collective (the save itself skipped without --ckpt-dir): rank 0's BatchNorm statistics
         on every rank (before each save and evaluation); then the checkpoint manager gathers,
         serialises and starts the write, and a failed earlier write stops every rank here."""
-        broadcast_buffers(self.model)
-        self.checkpoints.save(self.step)
-        if self.checkpoints.enabled:
-            line = self.save_points.saved(self.checkpoints.last_stall_s)
+        broadcast_buffers(self.built.model)
+        self.built.checkpoints.save(self.step)
+        if self.built.checkpoints.enabled:
+            line = self.built.save_points.saved(self.built.checkpoints.last_stall_s)
             if line:
                 print_main(self.launch, line)
         self.save_due = False
@@ -276,19 +287,19 @@ class Trainer:
     @collective("the last checkpoint write")
     def _finish_saves(self) -> None:
         """Collective: the write in flight, waited for; its failure is exit 74 on every rank."""
-        self.checkpoints.finish()
+        self.built.checkpoints.finish()
 
     @collective("evaluation")
     def _evaluate(self) -> None:
         """Collective (skipped without an eval set): each rank evaluates its share, then the
         exact figures over every held-out item are combined."""
         with self.watchdog.working("evaluating its share"):
-            results, count = evaluate(unwrap(self.model), self.eval_set, self.loss_fn, self.launch, self.device,
+            results, count = evaluate(unwrap(self.built.model), self.eval_set, self.loss_fn, self.launch, self.device,
                                       self.precision, self.per_rank_batch, self.eval_metrics, self.collate_fn)
         figures = ", ".join(f"{metric} {value:.4f}" for metric, value in results.items())
         print_main(self.launch, f"eval after epoch {self.epoch} (step {self.step}): {figures} "
                                 f"over {count} held-out items")
-        self.trackers.scalars(self.step, {f"eval/{metric}": value for metric, value in results.items()})
+        self.built.trackers.scalars(self.step, {f"eval/{metric}": value for metric, value in results.items()})
         if self.on_eval is not None and self.launch.is_main:
             self.on_eval(dict(results, epoch=self.epoch, step=self.step))
         self.step_clock.restart()
@@ -296,7 +307,7 @@ class Trainer:
     @collective("replica check")
     def _check_replicas(self) -> None:
         """Collective: proves every rank ends with the same weights and buffers."""
-        check_replicas_agree(self.model, self.launch)
+        check_replicas_agree(self.built.model, self.launch)
 
     @collective("summary gather")
     def _write_summary(self, last_loss: float, stopped_by: int) -> None:
@@ -309,9 +320,9 @@ class Trainer:
             write_summary(cfg.summary_json, run_summary(
                 self.launch.world_size, cfg.global_batch, self.precision, self.step, last_loss, self.clock, peaks,
                 kind, signal_name(stopped_by) if stopped_by else None, self.device,
-                checkpoints_saved=self.checkpoints.saved, checkpoint_stall_s=self.checkpoints.stall_s,
-                stragglers=self.stragglers and self.stragglers.summary(), gradients=self.gradients.name,
-                gradients_measured_ms=self.gradients.measured_ms))
+                checkpoints_saved=self.built.checkpoints.saved, checkpoint_stall_s=self.built.checkpoints.stall_s,
+                stragglers=self.built.stragglers and self.built.stragglers.summary(),
+                gradients=self.built.gradients.name, gradients_measured_ms=self.built.gradients.measured_ms))
 
     @collective("model save")
     def _save_model(self) -> None:
@@ -319,7 +330,7 @@ class Trainer:
         alone (unwrapped state_dict), as accelerator.save does; rank 0 writes, all obey its verdict."""
         if self.config.save_model and self._finished():
             with self.watchdog.working("writing the model") if self.launch.is_main else contextlib.nullcontext():
-                rank0_decides(self.launch, lambda: ckpt.save_weights(unwrap(self.model), self.config.save_model),
+                rank0_decides(self.launch, lambda: ckpt.save_weights(unwrap(self.built.model), self.config.save_model),
                               SaveFailed)
 
     def _record(self, status: int, line: str) -> None:
@@ -341,11 +352,10 @@ class Trainer:
         freed when it is closed: gloo joins its worker threads only when the last reference
         goes (see parallel/process_group.close_process_group). Safe to call twice.
         together: run() returned, on every rank (Watchdog.stop)."""
-        if self.trackers is not None:
-            self.trackers.close()
-        self.checkpoints.writer.wait()  # a write in flight finishes: the file on disk stays whole either way
-        self.model = self.ddp = self.optimizer = self.scheduler = self.batches = self.groups = None
+        built, self.built, self.groups = self.built, None, None
+        if built is not None:
+            built.trackers.close()
+            built.checkpoints.writer.wait()  # a write in flight finishes: the file on disk stays whole either way
+        del built
         gc.collect()  # DDP's reducer sits in reference cycles
         self.watchdog.stop(together)
-
-

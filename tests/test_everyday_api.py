@@ -132,20 +132,21 @@ def test_an_fp16_overflow_skips_the_step_and_leaves_weights_optimizer_and_schedu
 
     config = TrainConfig(global_batch=50, warmup_steps=4, clip_norm=1.0)
     trainer = Trainer(config, discover_launch(environ={}), torch.device("cpu"), seed_job=SeedJob(num_items=100))
-    trainer.precision, trainer.scaler = "fp16", torch.amp.GradScaler("cpu", init_scale=2.0**127)
-    assert trainer.scaler.is_enabled() and trainer.scaler.get_scale() == 2.0**127  # the fp16 path, scaler on
-    batch = next(iter(trainer.batches.loader))
-    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    lr = trainer.optimizer.param_groups[0]["lr"]
+    trainer.precision, trainer.built.scaler = "fp16", torch.amp.GradScaler("cpu", init_scale=2.0**127)
+    scaler = trainer.built.scaler
+    assert scaler.is_enabled() and scaler.get_scale() == 2.0**127  # the fp16 path, scaler on
+    batch = next(iter(trainer.built.batches.loader))
+    weights = {k: v.clone() for k, v in trainer.built.model.state_dict().items()}
+    lr = trainer.built.optimizer.param_groups[0]["lr"]
 
     result = trainer.train_step([batch])
-    assert result.skipped and trainer.scaler.get_scale() == 2.0**126
-    assert all(torch.equal(weights[k], v) for k, v in trainer.model.state_dict().items())
+    assert result.skipped and trainer.built.scaler.get_scale() == 2.0**126
+    assert all(torch.equal(weights[k], v) for k, v in trainer.built.model.state_dict().items())
     # Fused Adam with a scaler creates its state but counts no step and moves no moment.
-    assert all(s["step"].item() == 0 and not s["exp_avg"].any() for s in trainer.optimizer.state.values())
-    assert trainer.optimizer.param_groups[0]["lr"] == lr  # nor did the warm-up
+    assert all(s["step"].item() == 0 and not s["exp_avg"].any() for s in trainer.built.optimizer.state.values())
+    assert trainer.built.optimizer.param_groups[0]["lr"] == lr  # nor did the warm-up
 
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    trainer.built.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     result = trainer.train_step([batch])
     assert not result.skipped and math.isfinite(result.grad_norm)
-    assert trainer.optimizer.param_groups[0]["lr"] > lr
+    assert trainer.built.optimizer.param_groups[0]["lr"] > lr

@@ -167,9 +167,9 @@ def test_accelerator_backward(make):
     torch.testing.assert_close(halved, model.weight.grad / 2)
     # raw: two micro-batches make one step whose gradient is their losses' mean's
     trainer = one_rank_trainer(TrainConfig(global_batch=1, accum=2, lr=1.0))
-    before = trainer.model.weight.detach().clone()
+    before = trainer.built.model.weight.detach().clone()
     trainer.train_step([torch.ones(1, 2), 3 * torch.ones(1, 2)])
-    torch.testing.assert_close(before - trainer.model.weight, torch.full((1, 2), 2.0))  # (1 + 3) / 2
+    torch.testing.assert_close(before - trainer.built.model.weight, torch.full((1, 2), 2.0))  # (1 + 3) / 2
 
 
 def test_is_main_process(facts):
@@ -204,7 +204,7 @@ def test_clip_grad_norm(make):
     assert accelerator.clip_grad_norm_(model.parameters(), 1.0) == pytest.approx(expected.item())
     # raw: the trainer unscales before it clips: the norm it reports is the true one, not the scaled
     trainer = one_rank_trainer(TrainConfig(global_batch=1, clip_norm=1.0, lr=1.0))
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    trainer.built.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     result = trainer.train_step([torch.ones(1, 2) * 10])
     assert result.grad_norm == pytest.approx(201 ** 0.5)  # d/dw of w . x + b is x = (10, 10), d/db is 1
 
@@ -264,9 +264,9 @@ def test_scheduler_steps_only_when_the_optimizer_did(make):
     assert scheduler.scheduler.last_epoch == 0  # it did not step
     # raw: a step the GradScaler skipped is not a step for the schedule either
     trainer = one_rank_trainer(TrainConfig(global_batch=1, warmup_steps=4))
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)  # the scaled loss overflows
+    trainer.built.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127)  # the scaled loss overflows
     trainer.train_step([1e3 * torch.ones(1, 2)])
-    assert trainer.scheduler.last_epoch == 0
+    assert trainer.built.scheduler.last_epoch == 0
 
 
 def test_trackers(make, tmp_path):
@@ -334,7 +334,7 @@ def test_the_prepared_scheduler_steps_num_processes_times_per_optimizer_step(fac
     assert facts["scheduler_last_epoch_after_one_step"] == [2, 2]  # split_batches off, 2 processes
     trainer = one_rank_trainer(TrainConfig(global_batch=1, warmup_steps=4))
     trainer.train_step([torch.ones(1, 2)])
-    assert trainer.scheduler.last_epoch == 1  # raw: once per optimizer step, whatever the world size
+    assert trainer.built.scheduler.last_epoch == 1  # raw: once per optimizer step, whatever the world size
 
 
 def test_the_prepared_dataloader_reads_one_batch_ahead_and_syncs_on_the_epochs_last_batch(facts):

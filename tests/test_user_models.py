@@ -73,7 +73,8 @@ def test_a_user_model_stopped_and_resumed_equals_the_uninterrupted_run(whole_noi
 
 
 @pytest.mark.parametrize("kind, message", [
-    ("bad-item", "error: the dataset's item 0[0] is a str; return tensors (or numbers), or tuples, lists or dicts"),
+    ("bad-item", "error: the training set's first item (a tuple of str, object) cannot be batched by default_collate: "
+                 "TypeError: default_collate: batch must contain tensors"),
     ("vector-loss", "error: loss_fn returned a torch.float32 tensor of shape (8, 2); return one floating scalar"),
     ("raising-loss", "error: loss_fn(model, batch) raised KeyError: 'labels' on a first batch; fix the loss"),
 ])

@@ -74,7 +74,7 @@ def main():
     if args.kind == "dicts":
         model, data, loss = TwoInputs(), Dicts(noise=args.noise), dict_mse
     elif args.kind == "bad-item":
-        data = [("not", "tensors")] * 96
+        data = [("a text", object())] * 96  # default_collate batches strings, not objects
     elif args.kind == "vector-loss":
         loss = lambda model, batch: (model(batch[0]) - batch[1]) ** 2  # noqa: E731  (no .mean())
     elif args.kind == "raising-loss":

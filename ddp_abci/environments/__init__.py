@@ -31,7 +31,7 @@ ENVIRONMENTS: tuple[type[Environment], ...] = (OpenMPI, MPICH, TorchRun, Srun, P
 
 __all__ = ["ENVIRONMENTS", "Environment", "GridEngineJob", "LaunchError", "MPICH", "Meeting", "OpenMPI", "PBSJob",
            "Ranks", "SingleProcess", "SlurmJob", "Srun", "TorchRun", "detect_environment", "job_port",
-           "launched_rank", "launched_world_size"]
+           "launched_rank", "launched_world_size", "rank_variables"]
 
 
 def detect_environment(environ: Mapping[str, str] | None = None) -> Environment:
@@ -56,3 +56,16 @@ def launched_rank(environ: Mapping[str, str] | None = None) -> int:
 def launched_world_size(environ: Mapping[str, str] | None = None) -> int:
     """How many ranks the launcher started, as its variables say (1 without a launcher)."""
     return _sniffed(environ).world_size
+
+
+def rank_variables(launch: object = None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun sets them, for libraries
+    that read them when they are built (MosaicML's StreamingDataset); with a Launch
+    (discover_launch()), MASTER_ADDR and MASTER_PORT too, where such a library opens a process
+    group of its own. Nothing is set here: `os.environ.update(rank_variables(launch))` does it."""
+    ranks = launch if launch is not None else _sniffed(environ)
+    names = {"RANK": ranks.rank, "WORLD_SIZE": ranks.world_size, "LOCAL_RANK": ranks.local_rank,
+             "LOCAL_WORLD_SIZE": ranks.local_world_size}
+    if launch is not None:
+        names.update(MASTER_ADDR=launch.master_addr, MASTER_PORT=launch.master_port)
+    return {key: str(value) for key, value in names.items()}

@@ -31,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import socket
 import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from ..errors import one_line
 from .launch import Launch
@@ -73,6 +74,8 @@ def end_job(launch: Launch, status: int) -> None:
     (MPI_Abort under mpirun; environments/), after flushing what this rank printed."""
     sys.stdout.flush()
     sys.stderr.flush()
+    for child in multiprocessing.active_children():  # DataLoader workers: stuck in a dataset, they would outlive it
+        child.kill()
     launch.end_job(status)
 
 
@@ -131,14 +134,16 @@ class Watchdog:
     """One per rank, started after the process group opens, stopped before it closes."""
 
     def __init__(self, launch: Launch, timeout_s: float, *, end: Callable[[int], None] | None = None,
-                 record: Callable[[int, str], None] | None = None, report_dir: str | None = None) -> None:
+                 record: Callable[[int, str], None] | None = None, report_dir: str | None = None,
+                 step: Callable[[], int] | None = None) -> None:
         """end(status) ends the job (end_job by default); record(status, line) keeps the
         verdict where the job script finds it, before the job ends (the Trainer's DIR/status);
-        report_dir: where the stacks go at a verdict (hang-STEP/ in it; stderr without)."""
+        report_dir: where the stacks go at a verdict (hang-STEP/ in it; stderr without);
+        step(): the optimizer step the run is at, which the heartbeats and the verdict name."""
         self.launch, self.timeout_s, self.record, self.report_dir = launch, timeout_s, record, report_dir
         self.main_thread = threading.get_ident()  # made on the main thread, whose place is reported
         self.end = end or (lambda status: end_job(launch, status))
-        self.step = 0
+        self._step = step or (lambda: 0)
         self.waited_s = 0.0  # seconds spent in collectives so far (the straggler clock leaves them out)
         self.stack: list[tuple[str, bool, float]] = [("starting up", False, time.monotonic())]
         self.checkpoint = (f"no checkpoint written yet in {report_dir}" if report_dir else
@@ -164,6 +169,11 @@ class Watchdog:
         self._together = False  # stop() at the end of a run every rank reached: leave together
         self.own_place: str | None = None  # where this rank waits, when known better than its main thread's frame
         self.own_error: BaseException | None = None  # what its own collective raised (a timeout, a lost peer)
+        self.data_since: float | None = None  # reading a batch since then (awaiting_data)
+
+    @property
+    def step(self) -> int:
+        return self._step()
 
     # -- the main thread's side ------------------------------------------------------
 
@@ -175,6 +185,19 @@ class Watchdog:
     def working(self, name: str) -> _Phase:
         """Around local work (loss_fn, a checkpoint write): shown to the others, not timed."""
         return _Phase(self, name, False)
+
+    @contextlib.contextmanager
+    def awaiting_data(self) -> Iterator[None]:
+        """Around reading the next batch: local work, timed against --timeout all the same. A
+        stream (or a loader's workers) that yields nothing that long ends the job, naming this
+        rank and that it waited on its data; were it untimed, ranks all stuck reading would
+        wait for ever, none of them in a collective."""
+        with self.working("reading its data"):
+            self.data_since = time.monotonic()
+            try:
+                yield
+            finally:
+                self.data_since = None
 
     def note_checkpoint(self, step: int, path: object) -> None:
         """Rank 0 writes the checkpoints and knows each as soon as it is on disk; the others
@@ -188,11 +211,12 @@ class Watchdog:
     # -- threads ---------------------------------------------------------------------
 
     def start(self) -> "Watchdog":
-        if self.launch.world_size > 1:
-            for target, name in ((self._watch, "ddp_abci-watchdog"), (self._beat, "ddp_abci-heartbeat")):
-                thread = threading.Thread(target=target, name=name, daemon=True)
-                thread.start()
-                self._threads.append(thread)
+        """The watch thread (times collectives and data waits), and with several ranks the heartbeat."""
+        threads = ((self._watch, "ddp_abci-watchdog"), (self._beat, "ddp_abci-heartbeat"))
+        for target, name in threads if self.launch.world_size > 1 else threads[:1]:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def stop(self, together: bool = False) -> None:
@@ -232,9 +256,11 @@ class Watchdog:
             self.last_watch = now
             if self._paused_recently():
                 continue
-            entry = self.stack[-1]
+            entry, data_since = self.stack[-1], self.data_since
             if entry[1] and now - entry[2] > self.timeout_s:
                 self.expire(entry)
+            elif data_since is not None and now - data_since > self.timeout_s:
+                self.expire(entry, self._data_line(now - data_since))
 
     def _beat(self) -> None:
         try:
@@ -343,8 +369,9 @@ class Watchdog:
         now = time.monotonic()
         return now - self.last_watch > self.pause_gap or now - self.paused_at < self.pause_gap
 
-    def expire(self, entry: tuple[str, bool, float]) -> None:
-        """A collective outlived --timeout: one line, then the job ends. Once per process."""
+    def expire(self, entry: tuple[str, bool, float], line: str | None = None) -> None:
+        """A collective (or a data wait: its `line`) outlived --timeout: one line, then the job
+        ends. Once per process."""
         if not self._ending.acquire(blocking=False):
             self._stop.wait(3600)  # the other thread is ending the job: this one waits to be killed
             return
@@ -359,13 +386,18 @@ class Watchdog:
         if not errand["first"]:  # another rank claimed the verdict: it speaks and ends the job
             self._stop.wait(3600)
             return
-        self._verdict(f"error: {self.diagnose(entry, errand['where'])}")
+        self._verdict(f"error: {line or self.diagnose(entry, errand['where'])}")
+
+    def _data_line(self, waited_s: float) -> str:
+        return (f"rank {self.launch.rank} (host {self.host}) waited {waited_s:.0f} s on its data at step "
+                f"{self.step}: the dataset's __iter__ (or its DataLoader workers) yielded no batch; --timeout is "
+                f"{self.timeout_s:g} s; the job ends (exit {EXIT_RANK_LOST}); {self.checkpoint}")
 
     def await_verdict(self, error: BaseException) -> None:
         """Inside a collective whose connection to a peer broke: wait for the end of the job,
         which the launcher (a peer that ended) or the watch thread (within --timeout) brings.
         Without a watch thread (one rank, or stopped) the error goes on up."""
-        if not self._threads or self._stop.is_set():
+        if self.launch.world_size == 1 or not self._threads or self._stop.is_set():
             return
         if self._stop.wait(self.timeout_s + 30):
             return
