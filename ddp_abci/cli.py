@@ -7,6 +7,7 @@ Imports nothing heavy: --help and bad flags answer before torch loads.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from dataclasses import fields
 from typing import Any, Iterable, Mapping, NamedTuple, TypeVar
@@ -74,7 +75,7 @@ class CommandLine(NamedTuple):
     rest: list[str]      # the arguments that are not ddp_abci's, for your own parser
 
 
-def parse_command_line(argv: list[str] | None = None, **defaults: Any) -> CommandLine:
+def parse_command_line(argv: list[str] | None = None, *, own: Iterable[str] = (), **defaults: Any) -> CommandLine:
     """Your script's TrainConfig from its command line, the flags `python -m ddp_abci.train`
     takes (--epochs, --bs, --ckpt-dir, --resume, --stop-after, --interface, ...), with
     `defaults` for your program; the job scripts pass a TRAIN_SCRIPT the same flags as the
@@ -83,7 +84,13 @@ def parse_command_line(argv: list[str] | None = None, **defaults: Any) -> Comman
         config, launch, rest = parse_command_line(epochs=30, global_batch=64)
         sys.exit(fit(model, train_set, loss_fn, config, **launch))
 
-    A bad value is one `error:` line and exit 2, as the trainer's own."""
+    Args: argv (default sys.argv[1:]); own: the flags your script takes itself
+    (own=("--shards",)): they and their values come back in `rest`, in order, for your own
+    parser; defaults: TrainConfig's fields your program changes.
+    Returns: CommandLine(config, launch: fit()'s rendezvous keywords, rest).
+    Raises: SystemExit(2) after one `error:` line for a bad value, or a flag neither the trainer
+    nor `own` knows (naming the nearest known one: a mistyped --save-every-minute would
+    otherwise be dropped, and the run would train without its saves)."""
     from .config import TrainConfig  # noqa: PLC0415  (this module stays light for the command line)
     from .parallel.launch import LaunchOptions  # noqa: PLC0415
 
@@ -91,8 +98,24 @@ def parse_command_line(argv: list[str] | None = None, **defaults: Any) -> Comman
     add_options(parser, TrainConfig, defaults=defaults)
     add_options(parser, LaunchOptions)
     args, rest = parser.parse_known_args(argv)
+    strange = [t.split("=", 1)[0] for t in rest if t.startswith("-") and not _number(t)]
+    strange = [flag for flag in strange if flag not in own]
+    if strange:
+        known = [a for action in parser._actions for a in action.option_strings] + list(own)
+        near = difflib.get_close_matches(strange[0], known, n=1)
+        hint = f"; did you mean {near[0]}?" if near else f"; see {parser.prog} --help"
+        parser.exit(2, f"error: unknown flag {strange[0]}{hint} (a flag of your script's own: "
+                       "parse_command_line(own=(\"--flag\",)))\n")
     try:
         config, launch = build(TrainConfig, args), build(LaunchOptions, args)
     except RunError as e:
         raise SystemExit(report(e)) from None
     return CommandLine(config, {f.name: getattr(launch, f.name) for f in fields(launch)}, rest)
+
+
+def _number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True

@@ -23,7 +23,8 @@ usage: scripts/submit.sh SITE [-g GROUP] [-n NODES] [-t WALLTIME] [-c JOBS] [-p 
   --doctor           the first job checks the allocation first (python -m ddp_abci.doctor; DOCTOR=1)
   -- TRAINER ARGS    the trainer's flags (python -m ddp_abci.train --help), or your TRAIN_SCRIPT's
 Settings from the environment reach every job: CKPT_DIR, TRAIN_SCRIPT, CONTAINER, IFNAME,
-NPROC_PER_NODE, MODULES, MPI_ARGS, BINDS, STOP_MARGIN_S, MAP_BY (scripts/lib/job_common.sh).
+NPROC_PER_NODE, MODULES, MPI_ARGS, BINDS, STOP_MARGIN_S, MAP_BY, PYTHON, MPIRUN
+(scripts/lib/job_common.sh); LOG_DIR: where the jobs' output files go.
 DRY_RUN=1 prints the submit lines and the settings file and writes nothing. Job ids: one a line.
 USAGE
 }
@@ -116,7 +117,10 @@ settings() {
     printf 'NPROC_PER_NODE=%q\n' "$NPROC_PER_NODE"
     [ "$chain" = 1 ] || printf 'CHAIN_ID=%q\n' "$chain_id"
     [ -z "$doctor" ] || printf 'DOCTOR_FIRST=1\n'
-    for v in CONTAINER CKPT_DIR IFNAME MODULES MPI_ARGS BINDS STOP_MARGIN_S MAP_BY TRAIN_SCRIPT DOCTOR; do
+    # PYTHON and MPIRUN too: PBS and Grid Engine start a job with a login environment, where
+    # nothing of this shell's PATH reaches it (on ABCI the modules give mpirun; elsewhere these).
+    for v in CONTAINER CKPT_DIR IFNAME MODULES MPI_ARGS BINDS STOP_MARGIN_S MAP_BY TRAIN_SCRIPT DOCTOR PYTHON \
+        MPIRUN; do
         [ -n "${!v:-}" ] && printf '%s=%q\n' "$v" "${!v}"
     done
     return 0
@@ -135,16 +139,20 @@ submit_line() {
     local after=$1
     case "$site" in
         abci3)
-            # rt_HF is a whole node (8 H200): ABCI 3.0's form is select=N; the job writes its
-            # own host file with NPROC_PER_NODE slots a node (job_common.sh).
-            cmd=(qsub -P "$group" -q rt_HF -l "select=$nodes" -l "walltime=$(hms "$limit")")
+            # rt_HF is a whole node (8 H200): select=N nodes, with mpiprocs ranks on each. Open MPI
+            # inside a PBS job takes its slots from PBS's allocation, one per PBS_NODEFILE line,
+            # that is per mpiprocs: with select=N alone, one a node (seen under OpenPBS: "not
+            # enough slots available" for 2 ranks).
+            cmd=(qsub -P "$group" -q rt_HF -l "select=$nodes:mpiprocs=$per_node" -l "walltime=$(hms "$limit")")
             [ -n "$after" ] && cmd+=(-W "depend=afterany:$after")
+            [ -n "${LOG_DIR:-}" ] && cmd+=(-o "$LOG_DIR/")
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci3.sh) ;;
         abci2)
             # rt_AF=N / rt_F=N: N whole nodes. s_rt before h_rt: SIGUSR1 there, where h_rt
             # alone would SIGKILL unannounced.
             cmd=(qsub -terse -g "$group" -l "$resource=$nodes" -l "h_rt=$(hms "$limit")" -l "s_rt=$(( limit - margin ))")
             [ -n "$after" ] && cmd+=(-hold_jid "$after")
+            [ -n "${LOG_DIR:-}" ] && cmd+=(-o "$LOG_DIR/")
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci2.sh) ;;
         slurm)
             cmd=(sbatch --parsable -N "$nodes" --ntasks-per-node="$per_node" -t "$(slurm_time "$limit")")
@@ -152,6 +160,7 @@ submit_line() {
             [ "$slurm_warning" -gt 0 ] && cmd+=("--signal=B:USR1@$slurm_warning")
             [ -n "$group" ] && cmd+=(-A "$group")
             [ -n "$after" ] && cmd+=("--dependency=afterany:$after")
+            [ -n "${LOG_DIR:-}" ] && cmd+=("--output=$LOG_DIR/slurm-%j.out")
             cmd+=("--export=ALL,DDP_ABCI_ENV=$envfile" scripts/slurm/train.sbatch) ;;
     esac
 }
@@ -177,7 +186,10 @@ elif [ "$chain" != 1 ]; then
     printf '%s\n' "${ids[@]}" >"$SUBMIT_DIR/$chain_id.jobs"  # the jobs read it: a slow host left out of the next
     cancel="qdel"
     [ "$site" = slurm ] && cancel=scancel
+    # The last job first: PBS deletes a list in order, and a held job deleted before the one after
+    # it releases that one (afterany), which runs or ends before its turn (qdel then exits 35,
+    # "Job has finished"; seen under OpenPBS). The running job, last, stops with a checkpoint.
     # On stderr: stdout is the job ids alone, for the tools that read them.
     echo "submit.sh: a chain of $chain jobs, listed in $SUBMIT_DIR/$chain_id.jobs; to cancel them all:" \
-        "$cancel \$(cat $SUBMIT_DIR/$chain_id.jobs)" >&2
+        "$cancel \$(tac $SUBMIT_DIR/$chain_id.jobs)" >&2
 fi

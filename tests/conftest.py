@@ -1,6 +1,6 @@
 """The test tiers. A test that starts processes through a launcher asks for its fixture:
-`mpirun` (real ranks), `two_hosts` (network namespaces), `slurm` or `grid_engine` (a real
-scheduler). Those tests are marked `launcher` here, from what they ask for, so that
+`mpirun` (real ranks), `two_hosts` (network namespaces), `slurm`, `grid_engine` or `pbs` (a
+real scheduler). Those tests are marked `launcher` here, from what they ask for, so that
 `scripts/test.sh --quick` (pytest -m "not launcher") runs all the others: no test is
 tiered by hand.
 
@@ -18,7 +18,7 @@ import pytest
 for _var in [v for v in os.environ if v.startswith(("OMPI_COMM_WORLD", "PMI_", "PMIX_"))]:
     del os.environ[_var]
 
-LAUNCHERS = {"mpirun", "two_hosts", "slurm", "grid_engine"}
+LAUNCHERS = {"mpirun", "two_hosts", "slurm", "grid_engine", "pbs"}
 
 
 def pytest_configure(config):
@@ -32,7 +32,8 @@ def pytest_configure(config):
 # in the full suite the untimed lane fills those waits, and the CPU-bound rest, last, keeps both
 # cores busy after that lane has finished (a fresh clone's last minute, with them last, ran at
 # 50 to 65 % of the two cores: docs/testing.md).
-WAITING = ("test_slurm.py", "test_grid_engine.py", "test_watchdog.py", "test_two_hosts.py", "test_stragglers.py")
+WAITING = ("test_pbs.py", "test_slurm.py", "test_grid_engine.py", "test_watchdog.py", "test_two_hosts.py",
+           "test_stragglers.py")
 
 
 def pytest_collection_modifyitems(config, items):

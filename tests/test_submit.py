@@ -70,7 +70,7 @@ def test_a_walltime_in_no_known_form_is_refused_showing_the_forms(typed):
 def test_the_abci3_line_asks_for_whole_h200_nodes_and_runs_one_rank_per_gpu(tmp_path):
     lines, written, _ = dry(tmp_path, "abci3", "-g", "gaa12345", "-n", "4", "-t", "02:00:00", "--", "--epochs", "50",
                             CKPT_DIR="/groups/gaa12345/run1")
-    assert lines[0].startswith("qsub -P gaa12345 -q rt_HF -l select=4 -l walltime=02:00:00 -v DDP_ABCI_ENV=")
+    assert lines[0].startswith("qsub -P gaa12345 -q rt_HF -l select=4:mpiprocs=8 -l walltime=02:00:00 -v DDP_ABCI_ENV=")
     assert lines[0].rstrip().endswith("scripts/abci/train_abci3.sh")
     assert "NPROC_PER_NODE=8" in written and "TRAIN_ARGS=--epochs\\ 50" in written
     assert "CKPT_DIR=/groups/gaa12345/run1" in written
@@ -111,7 +111,7 @@ def test_a_global_batch_that_does_not_divide_by_the_ranks_is_refused_before_the_
 
 
 @pytest.mark.parametrize("site, first, then", [
-    ("abci3", "qsub -P g -q rt_HF -l select=1 -l walltime=00:01:00 -v", "-W depend=afterany:JOB{}"),
+    ("abci3", "qsub -P g -q rt_HF -l select=1:mpiprocs=8 -l walltime=00:01:00 -v", "-W depend=afterany:JOB{}"),
     ("abci2", "qsub -terse -g g -l rt_AF=1 -l h_rt=00:01:00 -l s_rt=45 -v", "-hold_jid JOB{}"),
     ("slurm", "sbatch --parsable -N 1 --ntasks-per-node=1 -t 00:01:00 -A g --export=", "--dependency=afterany:JOB{}"),
 ])
@@ -144,5 +144,5 @@ def test_values_with_commas_reach_the_job_whole(tmp_path):
     ids, cancel = proc.stdout.splitlines()[:2], proc.stdout.splitlines()[2]
     jobs = envfile.parent / f"{envfile.stem}.jobs"
     assert jobs.read_text().split() == ids  # the chain's jobs, for its jobs
-    assert cancel.endswith(f"to cancel them all: qdel $(cat {jobs})")
+    assert cancel.endswith(f"to cancel them all: qdel $(tac {jobs})")
     assert f"depend=afterany:{ids[0]}" in second

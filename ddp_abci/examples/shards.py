@@ -52,7 +52,8 @@ def read_jsonl(path: Path):
 
 
 def main() -> int:
-    config, launch, rest = parse_command_line(epochs=3, global_batch=64, lr=3e-3, betas=(0.9, 0.999))
+    config, launch, rest = parse_command_line(epochs=3, global_batch=64, lr=3e-3, betas=(0.9, 0.999),
+                                              own=("--shards",))
     mine = argparse.ArgumentParser(prog="python -m ddp_abci.examples.shards")
     mine.add_argument("--shards", type=Path, help="the shard files' folder (written when missing)",
                       default=Path(tempfile.gettempdir()) / f"ddp_abci_shards-{os.getuid()}")

@@ -25,6 +25,8 @@
 #                   stops the job (exit 1) with its lines
 #   DDP_ABCI_ENV    a file of settings written by submit.sh (values may hold commas), sourced first
 #   CHAIN_ID        set by submit.sh -c: this job is one of a chain (see chain_verdict)
+#   LOG_DIR         where submit.sh asks the scheduler to put each job's output (default: the
+#                   folder it is run from, the checkout)
 
 # submit.sh passes its settings in a file: qsub -v would split values at their commas.
 if [ -n "${DDP_ABCI_ENV:-}" ]; then
@@ -260,8 +262,8 @@ batch_of() {
 #   Slurm: squeue's %L (time left)
 walltime_left_s() {
     local info limit used
-    if [ -n "${PBS_JOBID:-}" ] && command -v qstat >/dev/null 2>&1; then
-        info=$(qstat -f "$PBS_JOBID" 2>/dev/null) || return 0
+    if [ -n "${PBS_JOBID:-}" ] && command -v "$(pbs_command qstat)" >/dev/null 2>&1; then
+        info=$("$(pbs_command qstat)" -f "$PBS_JOBID" 2>/dev/null) || return 0
         limit=$(awk -F' = ' '/Resource_List.walltime/ {print $2; exit}' <<<"$info")
         used=$(awk -F' = ' '/resources_used.walltime/ {print $2; exit}' <<<"$info")
         [ -n "$limit" ] && echo $(( $(to_seconds "$limit") - $(to_seconds "${used:-0}") ))
@@ -275,6 +277,14 @@ walltime_left_s() {
         [ -n "$limit" ] && echo $(( $(to_seconds "$limit") - SECONDS ))
     fi
     return 0
+}
+
+# PBS's own command: where /etc/pbs.conf says PBS lives (PBS_EXEC). A PBS job's PATH puts
+# /opt/pbs/bin last (/etc/profile.d/pbs.sh), and another scheduler's qstat may come first.
+pbs_command() {
+    local exec
+    exec=$(sed -n 's/^PBS_EXEC=//p' "${PBS_CONF_FILE:-/etc/pbs.conf}" 2>/dev/null)
+    if [ -n "$exec" ] && [ -x "$exec/bin/$1" ]; then echo "$exec/bin/$1"; else echo "$1"; fi
 }
 
 # The default time kept free before a walltime of $1 seconds: 2 minutes, or a quarter of a

@@ -1,0 +1,153 @@
+"""ABCI 3.0's path under a real PBS (OpenPBS 23.06: tests/pbs_lab.py), typed as a user types it:
+scripts/submit.sh abci3 by an ordinary user, PBS's qsub, its walltime, its qdel, and
+scripts/abci/train_abci3.sh inside the jobs. The jobs train tests/paced_script.py, a fit() script
+whose steps sleep: a chain of one-minute jobs costs its minutes of waiting, little CPU."""
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from pbs_lab import SHARED, USER, PBSLab
+
+from helpers import MPIRUN, PYTHON, REPO, env, job_story, load, on_ranks, run, same_tensors
+
+PACED = str(REPO / "tests" / "paced_script.py")
+# What ABCI's modules give a job, here: no container, the venv's Python and mpirun, MPI's own
+# transports, both ranks on the node's 2 cores.
+SITE = dict(CONTAINER="none", PYTHON=PYTHON, MPIRUN=MPIRUN, MAP_BY="ppr:2:node", MPI_ARGS="--mca btl self,sm,tcp",
+            TRAIN_SCRIPT=PACED)
+RUN = ["--comm", "mpi", "--save-every-steps", "50"]  # runs compared bit for bit take one all-reduce
+
+
+@pytest.fixture(scope="module")
+def pbs():
+    in_ci = os.environ.get("CI") == "true"
+    missing = "not root" if os.geteuid() else None if (SHARED / "start-pbs.sh").exists() else \
+        f"no OpenPBS build at {SHARED} (the project's shared/pbs; DDP_ABCI_PBS names another)"
+    if missing:
+        (pytest.fail if in_ci else pytest.skip)(f"no PBS here: {missing}")
+    lab = PBSLab(Path(tempfile.mkdtemp(prefix="ddp_abci-pbs-")))  # not under pytest's folder: the job user's
+    try:
+        lab.up()
+    except Exception as e:
+        lab.down()
+        (pytest.fail if in_ci else pytest.skip)(f"PBS did not start: {e}")
+    yield lab
+    lab.down()
+    shutil.rmtree(lab.root, ignore_errors=True)
+
+
+def submit(lab: PBSLab, folder: Path, *args: str, **settings: str) -> tuple[list[str], str]:
+    """scripts/submit.sh abci3 ... run by the job user; (the job ids it printed, its stderr)."""
+    out = lab.as_user(str(REPO / "scripts" / "submit.sh"), "abci3", "-g", "gaa00000", "-n", "1", "-p", "2", *args,
+                      **{**SITE, "CKPT_DIR": str(folder / "ck"), "SUBMIT_DIR": str(folder / "submit"),
+                         "LOG_DIR": str(folder), **settings})
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout.split(), out.stderr
+
+
+def outputs(folder: Path, jobs: list[str]) -> list[str]:
+    return [next(folder.glob(f"{job.split('.')[0]}.*OU"), Path("/dev/null")).read_text() for job in jobs]
+
+
+def reference(tmp_path: Path, steps: int) -> dict:
+    """The same run uninterrupted, without PBS and without the pace (sleeping changes no number)."""
+    proc = run(on_ranks(2, PACED, "--max-steps", str(steps), *RUN, "--pace", "0", "--ckpt-dir", str(tmp_path / "ref")),
+               env=env())
+    assert proc.returncode == 0, proc.stdout
+    return load(tmp_path / "ref" / "last.pt")
+
+
+@pytest.fixture(scope="module")
+def chain(pbs):
+    """A run of 800 paced steps as a chain of 1-minute jobs that each stop 40 s before their
+    walltime (about 15 s of training a job: three jobs or more)."""
+    folder = pbs.user_folder("chain")
+    ids, said = submit(pbs, folder, "-t", "00:01:00", "-c", "5", "--", "--max-steps", "800", *RUN, "--pace", "0.05",
+                       STOP_MARGIN_S="40")
+    infos = [pbs.wait(job, 150) for job in ids]
+    return {"ids": ids, "said": said, "infos": infos, "outs": outputs(folder, ids), "folder": folder}
+
+
+def test_submit_prints_the_chains_ids_one_a_line_and_the_line_that_cancels_them_all(chain):
+    ids, said = chain["ids"], chain["said"]
+    assert len(ids) == 5 and all(job.endswith(".vm") or "." in job for job in ids)
+    jobs_file = next((chain["folder"] / "submit").glob("*.jobs"))
+    assert jobs_file.read_text().split() == ids
+    assert f"to cancel them all: qdel $(tac {jobs_file})" in said
+
+
+def test_each_job_of_a_chain_stops_itself_before_pbss_walltime_from_the_walltime_pbs_gives(chain):
+    outs, infos = chain["outs"], chain["infos"]
+    done = next((i for i, out in enumerate(outs) if "done: 800 steps" in out), None)
+    assert done is not None and done >= 2, job_story(outs)  # three jobs at least
+    for out, info in zip(outs[:done], infos[:done], strict=True):
+        assert "s of walltime left; the trainer stops, saves and exits 75 within" in out, out  # from PBS's qstat -f
+        assert "stopped on the --stop-after deadline" in out and info["Exit_status"] == 75, (info, out)
+    for out, info in zip(outs[done + 1:], infos[done + 1:], strict=True):  # the rest find it finished
+        assert "is finished" in out and "world size" not in out and info["Exit_status"] == 0, out
+
+
+def test_a_chain_of_pbs_jobs_ends_bit_for_bit_where_one_uninterrupted_run_ends(chain, tmp_path):
+    outs = chain["outs"]
+    assert all("resume: " in out for out in outs[1:] if "world size" in out), job_story(outs)
+    end = load(chain["folder"] / "ck" / "last.pt")
+    whole = reference(tmp_path, 800)
+    assert end["step"] == whole["step"] == 800 and same_tensors(end["model"], whole["model"])
+
+
+def test_pbss_own_walltime_kill_loses_at_most_one_save_interval_and_the_next_job_resumes(pbs, tmp_path):
+    folder = pbs.user_folder("walltime")
+    # No margin: the trainer's --stop-after is the walltime itself, so PBS's SIGTERM (within 2 s of
+    # the limit here) comes first, then its SIGKILL 10 s later.
+    ids, _ = submit(pbs, folder, "-t", "00:01:00", "-c", "2", "--", "--max-steps", "1200", *RUN, "--pace", "0.05",
+                    STOP_MARGIN_S="0")
+    first, second = (pbs.wait(job, 150) for job in ids)
+    one, two = outputs(folder, ids)
+    assert first["Exit_status"] != 0 and "walltime" in first.get("comment", "") + str(first), (first, one)
+    saved = [int(line.split()[2]) for line in one.splitlines() if line.startswith("checkpoint: step ")]
+    resumed = int(two.split("resume: ")[1].split(" step ")[1].split()[0].rstrip(","))
+    assert saved and resumed >= saved[-1] >= resumed - 50, (saved, two)  # the last save, or the stop's
+    assert "done: 1200 steps" in two and second["Exit_status"] == 0, two
+
+
+def test_qdel_of_a_running_chain_keeps_its_work_to_the_last_save_and_runs_no_more_of_it(pbs):
+    folder = pbs.user_folder("qdel")
+    ids, said = submit(pbs, folder, "-t", "00:05:00", "-c", "3", "--", "--max-steps", "100000", *RUN, "--pace",
+                       "0.02")
+    pbs.wait(ids[0], 60, state="R")
+    deadline = time.monotonic() + 60
+    while not (folder / "ck" / "last.pt").exists():
+        assert time.monotonic() < deadline, pbs.job(ids[0])
+        time.sleep(0.5)
+    time.sleep(3)
+    cancel = said.split("to cancel them all: ")[1].strip()  # what submit.sh told the user to type
+    cancelled = pbs.as_user("bash", "-c", cancel)
+    assert cancelled.returncode == 0, (cancelled.stderr, outputs(folder, ids))
+    first = pbs.wait(ids[0], 60)
+    out = outputs(folder, ids[:1])[0]
+    state = load(folder / "ck" / "last.pt")  # whole: it loads
+    seen = max(int(step) for step in re.findall(r"step (\d+)", out))  # the furthest its log got
+    assert state["step"] >= seen - 50, (state["step"], out)  # at most one save interval lost
+    for job in ids[1:]:
+        info = pbs.job(job)
+        assert info.get("job_state") == "F" and "exec_host" not in info, info  # deleted before it ran
+    assert first["Exit_status"] != 0
+
+
+def test_a_refused_input_stops_the_chain_every_later_job_exiting_2_at_once(pbs):
+    folder = pbs.user_folder("refused")
+    ids, _ = submit(pbs, folder, "-t", "00:01:00", "-c", "3", "--", "--max-steps", "10", "--amp", "fp8")
+    infos = [pbs.wait(job, 90) for job in ids]
+    outs = outputs(folder, ids)
+    assert [info["Exit_status"] for info in infos] == [2, 2, 2], infos
+    assert "error: unknown amp (--amp) 'fp8'" in outs[0]
+    for out in outs[1:]:
+        assert "the chain stops: an earlier job ended with 2" in out and "world size" not in out, out
+
+
+def test_the_job_user_is_not_root_as_on_abci(pbs, chain):
+    assert chain["infos"][0]["euser"] == USER
