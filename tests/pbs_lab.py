@@ -14,18 +14,24 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import secrets
 import shutil
 import stat
 import subprocess
 import time
 from pathlib import Path
 
-from helpers import PYTHON, REPO, stop_by_pid
+from ddp_abci.compare.netlab import attach_host
+from helpers import PYTHON, REPO, kill_in_netns, sh, stop_by_pid
 
 SHARED = Path(os.environ.get("DDP_ABCI_PBS", REPO.parent / "shared" / "pbs"))
 PBS_BIN = Path("/opt/pbs/bin")
 USER = "ddpjobs"
 DAEMONS = ("/opt/pbs/sbin/", "postgres -D /var/spool/pbs/datastore")
+# The second host: a network namespace on a bridge, with a MOM of its own (its own PBS_HOME and
+# pbs.conf, and its own host name), which PBS's server knows as one more node.
+NET, BRIDGE_ADDR, SECOND, SECOND_ADDR = "10.79.0.0/24", "10.79.0.254", "pbsnode2", "10.79.0.2"
+HOSTS_MARK = "# ddp_abci pbs lab"
 
 
 class PBSLab:
@@ -34,6 +40,11 @@ class PBSLab:
         self.work = root / "work"         # the job user's: checkpoints, logs, settings files
         self.pids: list[int] = []
         self.modes: dict[Path, int] = {}  # folders given o+x, and their modes before
+        self.tag = secrets.token_hex(2)
+        self.ns, self.bridge = f"dpb{self.tag}", f"dpbr{self.tag}"
+        self.second_home = Path(f"/var/spool/pbs-{SECOND}")
+        self.second_conf = Path(f"/etc/pbs.conf.{SECOND}")
+        self.second_up = False
 
     # -- up ---------------------------------------------------------------------------
 
@@ -69,6 +80,68 @@ class PBSLab:
                 if not mode & stat.S_IXOTH and folder not in self.modes:
                     self.modes[folder] = mode
                     folder.chmod(mode | stat.S_IXOTH)
+
+    def add_second_host(self) -> None:
+        """A second node: its namespace (reaching the server's host through the bridge), its
+        MOM started inside it under the host name SECOND, and the node known to the server."""
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        attach_host(self.ns, self.bridge, f"dpi{self.tag}", f"dpo{self.tag}", SECOND_ADDR)
+        sh("ip", "-n", self.ns, "route", "add", "default", "via", BRIDGE_ADDR)  # to the server's address
+        server = subprocess.run(["hostname"], stdout=subprocess.PIPE, text=True).stdout.strip()
+        server_addr = next(line.split()[0] for line in Path("/etc/hosts").read_text().splitlines()
+                           if line.split()[1:2] == [server] and not line.startswith("127."))
+        # `ip netns exec` binds this over /etc/hosts inside: the server's name to its address, not 127.0.0.1
+        Path(f"/etc/netns/{self.ns}").mkdir(parents=True, exist_ok=True)
+        Path(f"/etc/netns/{self.ns}/hosts").write_text(f"127.0.0.1 localhost\n{server_addr} {server}\n"
+                                                      f"{SECOND_ADDR} {SECOND}\n")
+        # Names from that file alone: a DNS server it cannot reach made each lookup wait out the
+        # resolver's timeout (5 s: a rank there missed rank 0's store within --timeout 6).
+        Path(f"/etc/netns/{self.ns}/nsswitch.conf").write_text("hosts: files\n")
+        self._hosts_file(add=True)
+        self._second_mom_home(server)
+        sh("ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c",
+           f"hostname {SECOND}; PBS_CONF_FILE={self.second_conf} exec {PBS_BIN.parent}/sbin/pbs_mom")
+        self.second_up = True
+        lock, deadline = self.second_home / "mom_priv" / "mom.lock", time.monotonic() + 10
+        while not (lock.exists() and lock.read_text().split()) and time.monotonic() < deadline:
+            time.sleep(0.1)  # written by the MOM once it has left its starter
+        self.pids.append(int(lock.read_text().split()[0]))
+        subprocess.run([str(PBS_BIN / "qmgr"), "-c", f"delete node {SECOND}"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)  # a lab's before this one, stopped short, left it (unresolvable)
+        self.qmgr(f"create node {SECOND}")
+        self.qmgr(f"set node {SECOND} resources_available.ncpus = {os.cpu_count()}")
+        deadline = time.monotonic() + 60
+        while "state = free" not in subprocess.run([str(PBS_BIN / "pbsnodes"), SECOND], stdout=subprocess.PIPE,
+                                                   text=True).stdout:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {SECOND} not free within 60 s")
+            time.sleep(0.5)
+
+    def _second_mom_home(self, server: str) -> None:
+        """PBS_HOME for the second MOM, laid out as the first one's (modes included), empty."""
+        home, first = self.second_home, Path("/var/spool/pbs")
+        shutil.rmtree(home, ignore_errors=True)
+        home.mkdir(mode=0o755)
+        for part in ("mom_priv", "mom_logs", "spool", "undelivered", "aux", "checkpoint", "pbs_environment"):
+            subprocess.run(["cp", "-a", str(first / part), str(home)], check=True)
+        for leftover in ("mom_priv/jobs", "mom_logs", "spool", "undelivered", "aux"):
+            for path in (home / leftover).iterdir():
+                path.unlink() if path.is_file() else shutil.rmtree(path)
+        (home / "mom_priv" / "mom.lock").unlink(missing_ok=True)
+        self.second_conf.write_text(f"PBS_EXEC={PBS_BIN.parent}\nPBS_HOME={home}\nPBS_SERVER={server}\n"
+                                    "PBS_START_SERVER=0\nPBS_START_SCHED=0\nPBS_START_COMM=0\nPBS_START_MOM=1\n")
+
+    def _hosts_file(self, add: bool) -> None:
+        hosts = Path("/etc/hosts")  # the server and the first MOM reach the second by its name
+        kept = [line for line in hosts.read_text().splitlines() if HOSTS_MARK not in line]
+        hosts.write_text("\n".join(kept + ([f"{SECOND_ADDR} {SECOND} {HOSTS_MARK}"] if add else [])) + "\n")
+
+    def second_host_pids(self, program: str) -> list[int]:
+        """The processes running `program` on the second host."""
+        pids = subprocess.run(["ip", "netns", "pids", self.ns], stdout=subprocess.PIPE, text=True).stdout.split()
+        return [int(p) for p in pids if program.encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
 
     # -- jobs -------------------------------------------------------------------------
 
@@ -110,8 +183,18 @@ class PBSLab:
                        stderr=subprocess.DEVNULL)
         subprocess.run(["bash", str(SHARED / "stop-pbs.sh")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=120)
+        if self.second_up:
+            subprocess.run([str(PBS_BIN / "qmgr"), "-c", f"delete node {SECOND}"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+            kill_in_netns(self.ns, spare=self.pids)
         stop_by_pid(self.pids + self._daemon_pids(), grace_s=10)
         subprocess.run(["pkill", "-KILL", "-u", USER], stderr=subprocess.DEVNULL)  # what its jobs left
+        subprocess.run(["ip", "netns", "del", self.ns], stderr=subprocess.DEVNULL)
+        subprocess.run(["ip", "link", "del", self.bridge], stderr=subprocess.DEVNULL)
+        shutil.rmtree(f"/etc/netns/{self.ns}", ignore_errors=True)
+        self._hosts_file(add=False)
+        shutil.rmtree(self.second_home, ignore_errors=True)
+        self.second_conf.unlink(missing_ok=True)
         for folder, mode in self.modes.items():
             folder.chmod(mode)
 

@@ -5,12 +5,13 @@ whose steps sleep: a chain of one-minute jobs costs its minutes of waiting, litt
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from pbs_lab import SHARED, USER, PBSLab
+from pbs_lab import NET, SECOND, SHARED, USER, PBSLab
 
 from helpers import MPIRUN, PYTHON, REPO, env, job_story, load, on_ranks, run, same_tensors
 
@@ -40,9 +41,10 @@ def pbs():
     shutil.rmtree(lab.root, ignore_errors=True)
 
 
-def submit(lab: PBSLab, folder: Path, *args: str, **settings: str) -> tuple[list[str], str]:
+def submit(lab: PBSLab, folder: Path, *args: str, nodes: int = 1, **settings: str) -> tuple[list[str], str]:
     """scripts/submit.sh abci3 ... run by the job user; (the job ids it printed, its stderr)."""
-    out = lab.as_user(str(REPO / "scripts" / "submit.sh"), "abci3", "-g", "gaa00000", "-n", "1", "-p", "2", *args,
+    out = lab.as_user(str(REPO / "scripts" / "submit.sh"), "abci3", "-g", "gaa00000", "-n", str(nodes), "-p", "2",
+                      *args,
                       **{**SITE, "CKPT_DIR": str(folder / "ck"), "SUBMIT_DIR": str(folder / "submit"),
                          "LOG_DIR": str(folder), **settings})
     assert out.returncode == 0, out.stdout + out.stderr
@@ -151,3 +153,35 @@ def test_a_refused_input_stops_the_chain_every_later_job_exiting_2_at_once(pbs):
 
 def test_the_job_user_is_not_root_as_on_abci(pbs, chain):
     assert chain["infos"][0]["euser"] == USER
+
+
+# Across the two hosts: MPI's traffic on the lab's bridge, and mpirun's daemon on the second host
+# started through PBS itself (the nodes have no ssh between them: scripts/lib/pbs_remote_shell.sh).
+ACROSS = dict(MPI_ARGS=f"--prtemca plm_ssh_agent {REPO}/scripts/lib/pbs_remote_shell.sh --mca btl self,sm,tcp "
+                       f"--mca btl_tcp_if_include {NET} --prtemca oob_tcp_if_include {NET}")
+
+
+@pytest.fixture(scope="module")
+def two_hosts(pbs):
+    pbs.add_second_host()
+    return pbs
+
+
+def test_a_rank_frozen_on_the_second_host_ends_the_job_with_69_naming_it_and_the_next_job_resumes(two_hosts):
+    pbs, folder = two_hosts, two_hosts.user_folder("frozen")
+    ids, _ = submit(pbs, folder, "-t", "00:02:00", "-c", "2", "--", "--max-steps", "400", "--timeout", "6", *RUN,
+                    "--pace", "0.02", nodes=2, **ACROSS)
+    pbs.wait(ids[0], 60, state="R")
+    deadline = time.monotonic() + 90
+    while not (folder / "ck" / "last.pt").exists():  # a save at step 50: then a node stops
+        assert time.monotonic() < deadline, "\n".join(outputs(folder, ids))[-3000:]
+        time.sleep(0.3)
+    for pid in pbs.second_host_pids("paced_script.py"):
+        os.kill(pid, signal.SIGSTOP)  # as a node stuck on its file system
+    first, second = (pbs.wait(job, 150) for job in ids)
+    one, two = outputs(folder, ids)
+    assert "2 node(s) x 2 rank(s) = 4" in one and "world size 4 (local 2)" in one, one  # PBS_NODEFILE: both hosts
+    assert first["Exit_status"] == 69 and f"(host {SECOND}) stopped answering" in one, (first, one)
+    resumed = int(re.search(r"resume: \S+ at epoch \d+, batch \d+, step (\d+)", two)[1])
+    assert resumed >= 50 and resumed % 50 == 0, two  # the last save point before the node stopped
+    assert "done: 400 steps" in two and second["Exit_status"] == 0, two
