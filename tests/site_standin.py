@@ -4,8 +4,8 @@ does depends on the name it was called by:
 
     qsub      -I: an interactive job (the commands typed next run "inside" it: the test's
               environment has PBS_O_WORKDIR and PBS_LOCALDIR); otherwise runs the job script
-              as PBS Professional would (PBS_JOBID, PBS_NODEFILE with 8 slots per host of
-              `-l select=N`, `-v` settings), or as Grid Engine would for train_abci2.sh (JOB_ID,
+              as PBS Professional would (PBS_JOBID, PBS_NODEFILE with M lines per host of
+              `-l select=N:mpiprocs=M`, `-v` settings), or as Grid Engine would for train_abci2.sh (JOB_ID,
               SGE_JOB_HOSTLIST, NHOSTS from `-l rt_AF=N`)
     sbatch    runs the job script as Slurm would (SLURM_JOB_ID, SLURM_JOB_NODELIST from -N,
               the tasks per node asked for)
@@ -65,8 +65,10 @@ def qsub(args: list[str]) -> int:
         nodes = int(option(args, "rt_AF") or option(args, "rt_F") or 1)
         job = {"JOB_ID": "5678", "SGE_JOB_HOSTLIST": hosts_file(nodes, 1), "NHOSTS": str(nodes)}
     else:
-        nodes = int(option(args, "select") or 1)
-        job = {"PBS_JOBID": "1234.pbs1", "PBS_NODEFILE": hosts_file(nodes, GPUS), "NCPUS": "192"}
+        chunks = dict(part.split("=") for part in (option(args, "select") or "1").split(":")[1:])
+        nodes = int((option(args, "select") or "1").split(":")[0])
+        job = {"PBS_JOBID": "1234.pbs1", "PBS_NODEFILE": hosts_file(nodes, int(chunks.get("mpiprocs", 1))),
+               "NCPUS": "192"}
     return run_job(script, {**job, "STANDIN_WALLTIME": walltime, **settings(args)}, [])
 
 
