@@ -128,7 +128,8 @@ def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, 
     fp16 = plan.precision == "fp16"  # there GradScaler skips inf/nan steps by design: count them instead
     agreement = StopAgreement(stop, config.stop_check_every, gradients, device, launch.rank, launch.world_size,
                               guard_finite=not fp16, max_fp16_skips=config.max_skipped_steps if fp16 else 0,
-                              stop_after_s=config.stop_after_s, expected_save_s=size / 100e6, step=position.step)
+                              stop_after_s=config.stop_after_s, expected_save_s=size / 100e6, step=position.step,
+                              stop_at=config.stop_at)
     checkpoints.on_written = agreement.saved
     with watchdog.waiting("opening the logs"):
         stragglers, trackers = _trackers(config, launch, position.step, total, agreement.deadline)

@@ -11,14 +11,12 @@ checkpoint_manager.py.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import os
 import random
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ from .errors import SaveFailed, UsageError
 FORMAT = "ddp_abci/1"
 FILENAME = "last.pt"
 PREVIOUS = "prev.pt"
-STATUS = "status"  # the run's verdict, key=value lines: the job scripts read it (docs/abci.md)
+STATUS = "status"  # the run's verdict, key=value lines (jobs.py writes and reads it; docs/abci.md)
 # torch.save writes to `.<name>.<random>.tmp` beside the file (save_atomic); a rank killed
 # mid-write leaves one behind, which the next run's preflight removes.
 STALE_PATTERNS = (f".{FILENAME}.*.tmp", ".prev*.pt.*.tmp", f".{STATUS}.*.tmp")
@@ -150,27 +148,6 @@ def serialize(state: dict[str, Any]) -> memoryview:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getbuffer()
-
-
-def write_status(ckpt_dir: str | os.PathLike, status: int, *, finished: bool, step: int, line: str,
-                 rank: int, host: str) -> None:
-    """DIR/status, atomically: how the run ended (its exit status, whether it is finished,
-    its step and its last line), written by rank 0 at the end, or by the rank that ended the
-    job. The job scripts read it: mpirun's own exit status is not always the run's (a
-    partitioned job's mpirun exited 0, measured: docs/reliability.md), and a chain of jobs
-    stops, or skips, from it. Best effort: a folder that cannot take it (exit 74's) is left."""
-    text = "".join(f"{key}={' '.join(str(value).split())}\n" for key, value in (
-        ("status", status), ("finished", int(finished)), ("step", step), ("rank", rank), ("host", host),
-        ("unix", int(time.time())), ("line", line)))
-    target = Path(ckpt_dir) / STATUS
-    try:
-        fd, tmp = tempfile.mkstemp(dir=ckpt_dir, prefix=f".{STATUS}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except OSError:
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(tmp)
 
 
 def estimated_bytes(model: torch.nn.Module) -> int:

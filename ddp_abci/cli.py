@@ -98,19 +98,27 @@ def parse_command_line(argv: list[str] | None = None, *, own: Iterable[str] = ()
     add_options(parser, TrainConfig, defaults=defaults)
     add_options(parser, LaunchOptions)
     args, rest = parser.parse_known_args(argv)
-    strange = [t.split("=", 1)[0] for t in rest if t.startswith("-") and not _number(t)]
-    strange = [flag for flag in strange if flag not in own]
+    strange = unknown_flag(parser, rest, own)
     if strange:
-        known = [a for action in parser._actions for a in action.option_strings] + list(own)
-        near = difflib.get_close_matches(strange[0], known, n=1)
-        hint = f"; did you mean {near[0]}?" if near else f"; see {parser.prog} --help"
-        parser.exit(2, f"error: unknown flag {strange[0]}{hint} (a flag of your script's own: "
-                       "parse_command_line(own=(\"--flag\",)))\n")
+        parser.exit(2, f"error: {strange} (a flag of your script's own: parse_command_line(own=(\"--flag\",)))\n")
     try:
         config, launch = build(TrainConfig, args), build(LaunchOptions, args)
     except RunError as e:
         raise SystemExit(report(e)) from None
     return CommandLine(config, {f.name: getattr(launch, f.name) for f in fields(launch)}, rest)
+
+
+def unknown_flag(parser: argparse.ArgumentParser, rest: Iterable[str], own: Iterable[str] = ()) -> str | None:
+    """'unknown flag --x; did you mean --y?' for the first flag of `rest` that neither `parser` nor
+    `own` knows, or None."""
+    own = list(own)
+    strange = [t.split("=", 1)[0] for t in rest if t.startswith("-") and not _number(t)]
+    strange = [flag for flag in strange if flag not in own]
+    if not strange:
+        return None
+    known = [a for action in parser._actions for a in action.option_strings] + own
+    near = difflib.get_close_matches(strange[0], known, n=1)
+    return f"unknown flag {strange[0]}" + (f"; did you mean {near[0]}?" if near else f"; see {parser.prog} --help")
 
 
 def _number(token: str) -> bool:

@@ -30,7 +30,9 @@ class TrainConfig:
     lr: float = option(1e-4, "learning rate; on --resume this run's value wins", low=0)
     betas: tuple[float, float] = option((0.0, 0.99), "Adam's betas (the seed's 0 0.99); on --resume this run's win",
                                         low=0, high=0.999999, metavar=("B1", "B2"))
-    amp: str = option("auto", "auto (fp16 on CUDA, fp32 on the CPU), no, fp16 or bf16", choices=AMP_CHOICES)
+    amp: str = option("auto", "auto (bf16 on GPUs of compute capability 8.0 and up, A100/H100/H200; fp16 with loss "
+                              "scaling below, V100; fp32 on the CPU), no, fp16 (the seed's, with GradScaler) or bf16",
+                      choices=AMP_CHOICES)
     seed: int = option(0, "seeds the model's build, the shuffle and every rank (seed + rank)", low=0, high=2**63 - 1)
     workers: int = option(0, "DataLoader workers per rank (0: the main process, fastest on 2 cores: "
                              "docs/benchmark.md)", low=0, high=1024)
@@ -72,8 +74,11 @@ class TrainConfig:
                                       f"{MAX_STOP_CHECK_EVERY}; also at every epoch's end)", low=1,
                                    high=MAX_STOP_CHECK_EVERY)
     stop_after_s: float = option(0.0, "stop, save and exit 75 early enough that the save ends within SECONDS of the "
-                                      "start (the job scripts derive it from the walltime); 0: never",
-                                 flag="--stop-after", low=0, metavar="SECONDS")
+                                      "start; 0: never", flag="--stop-after", low=0, metavar="SECONDS")
+    stop_at: float = option(0.0, "the --stop-after deadline as a wall-clock time (seconds since 1970, UTC): the job "
+                                 "scripts pass the job's own end less its margin, so what runs before the trainer (the "
+                                 "doctor, mpirun starting the ranks) comes out of the job's time; 0: never",
+                            flag="--stop-at", low=0, metavar="UNIX_TIME")
     max_skipped_steps: int = option(50, "fp16: this many GradScaler-skipped steps in a row end the run as "
                                         "diverged (exit 65); 0: never", low=0)
     summary_json: str | None = option(None, "rank 0 writes the run's figures here (the benchmark reads them)",
@@ -91,13 +96,18 @@ class TrainConfig:
                               low=0)
     eval_every: int = option(0, "evaluate the held-out set every E epochs (the seed's job holds out the last 10%% of "
                                 "its items); 0: never", low=0)
+    eval_every_steps: int = option(0, "evaluate the held-out set every N optimizer steps, mid-epoch too (a run of "
+                                      "steps rather than epochs, a language model's), before any save at that step, "
+                                      "so a resume neither repeats nor skips one; 0: by --eval-every's epochs",
+                                   low=0, metavar="N")
     warmup_steps: int = option(0, "linear learning-rate warm-up over this many optimizer steps", low=0)
     schedule: str = option("constant", "after the warm-up: constant, or cosine to zero at the last step",
                            choices=SCHEDULE_CHOICES)
     metrics_jsonl: str | None = option(None, "rank 0 appends one JSON line per optimizer step", path=True)
     tensorboard: str | None = option(None, "rank 0 writes TensorBoard events to DIR "
                                            "(pip install 'ddp_abci[tensorboard]')", path=True, metavar="DIR")
-    compile: bool = option(False, "torch.compile the model before wrapping it in DDP")
+    compile: bool = option(False, "torch.compile the DDP-wrapped model, as Accelerate's prepare() does (Dynamo's "
+                                  "DDPOptimizer then keeps the all-reduce overlapping backward)")
     split: str = option("strided", "how each global batch is shared out: strided (DistributedSampler's every W-th "
                                    "item) or contiguous (a slice each, as Accelerate's split_batches)",
                         choices=SPLIT_CHOICES)

@@ -13,10 +13,14 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def resolve_precision(amp: str, device: torch.device) -> str:
-    """'auto' becomes fp16 on CUDA and no on the CPU; combinations that cannot run are refused."""
+    """'auto' becomes bf16 on a GPU that computes it natively (compute capability 8.0, Ampere,
+    and newer: A100, H100, H200), fp16 with loss scaling on older ones (V100), and no (fp32) on
+    the CPU; combinations that cannot run are refused (a UsageError naming the fix)."""
     check_choice("--amp", amp, CHOICES)
     if amp == "auto":
-        return "fp16" if device.type == "cuda" else "no"
+        if device.type != "cuda":
+            return "no"
+        return "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
     if amp == "fp16" and device.type != "cuda":
         raise UsageError("fp16 needs a CUDA GPU and none is available; use --amp bf16 or --amp no on the CPU")
     # Compute capability 8.0 (Ampere) brought bf16 tensor cores. torch.cuda.is_bf16_supported()

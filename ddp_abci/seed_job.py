@@ -73,7 +73,7 @@ def complete(model: Any, train_set: Any, eval_set: Any, loss_fn: Any, seed_job: 
     if model is not None and train_set is not None and loss_fn is not None:
         return Job(model, train_set, eval_set, loss_fn, {})
     job = seed_job or SeedJob()
-    parts = job.build(config.seed, config.eval_every)
+    parts = job.build(config.seed, config.eval_every or config.eval_every_steps)
     eval_set = parts.eval_set if train_set is None and eval_set is None else eval_set
     return Job(parts.model if model is None else model, train_set if train_set is not None else parts.train_set,
                eval_set, loss_fn or parts.loss_fn, job.to_dict())

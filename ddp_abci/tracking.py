@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -177,8 +179,9 @@ class Progress:
         text = f"  {epoch} loss {recent:.4f} (mean of recent steps)"
         if rate:
             text += f", {rate:,.0f} samples/s"
-        if self.total_steps is None:  # a stream without a length, and no --max-steps: no end to count down to
-            return text
+        if self.total_steps is None:  # a stream without a length, and no --max-steps: only a deadline to count to
+            before = self.deadline - time.monotonic() if self.deadline is not None else None
+            return text + (f", the deadline stops it in {_duration(before)}" if before is not None else "")
         left = (self.total_steps - step) * per_step
         text += f", {_duration(left)} left"
         if self.deadline is not None:
@@ -194,6 +197,33 @@ class Progress:
 def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class ProgressFile:
+    """CKPT_DIR/progress.json: where the running job stands (step, speed, the run's length, the
+    scheduler's job id), rewritten whole at each progress line and epoch end for `python -m
+    ddp_abci.status`. A write that fails is said once and ends this file, not the training."""
+
+    def __init__(self, ckpt_dir: str, total_steps: int | None, config: Any, world_size: int) -> None:
+        self.path, self.total_steps, self.world_size = Path(ckpt_dir) / "progress.json", total_steps, world_size
+        self.items_per_step = config.global_batch * config.accum
+        self.job = next((os.environ[v] for v in ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID") if os.environ.get(v)), None)
+
+    def write(self, step: int, epoch: int, samples_per_s: float | None) -> None:
+        if self.path is None:
+            return
+        state = {"step": step, "epoch": epoch, "total_steps": self.total_steps, "samples_per_s": samples_per_s,
+                 "steps_per_s": samples_per_s / self.items_per_step if samples_per_s else None,
+                 "world_size": self.world_size, "job": self.job, "unix": time.time()}
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".progress.", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(state, f)
+            os.replace(tmp, self.path)
+        except OSError as e:
+            print(f"warning: {self.path}: {e.strerror or e}; the progress file stops here, training goes on",
+                  file=sys.stderr, flush=True)
+            self.path = None
 
 
 class RunTrackers:
@@ -216,6 +246,8 @@ class RunTrackers:
         raise_if_any_rank_failed(error)
         self.first_step = first_step + 1
         self._progress = Progress(config.log_every_s, total_steps, first_step, deadline) if launch.is_main else None
+        self._file = ProgressFile(config.ckpt_dir, total_steps, config, launch.world_size) \
+            if launch.is_main and config.ckpt_dir else None
 
     @property
     def recording(self) -> bool:
@@ -242,6 +274,8 @@ class RunTrackers:
                       scaler.get_scale() if scaler.is_enabled() else None)
         if self.progress_due(now):
             self.progress(now, step, where(), tally.loss_sum, clock.samples_per_s())
+            if self._file is not None:
+                self._file.write(step, epoch, clock.samples_per_s())
 
     def progress_due(self, now: float) -> bool:
         return self._progress is not None and self._progress.due(now)
@@ -253,6 +287,11 @@ class RunTrackers:
     def epoch_started(self, step: int) -> None:
         if self._progress is not None:
             self._progress.epoch_started(step)
+
+    def epoch_ended(self, step: int, epoch: int, samples_per_s: float | None) -> None:
+        """At an epoch's end (or where a stop cut it): the progress file, for the status command."""
+        if self._file is not None:
+            self._file.write(step, epoch, samples_per_s)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """Per-epoch figures (the epoch loss over all ranks, evaluation); flushes the JSON lines."""

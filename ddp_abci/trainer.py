@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from . import checkpoint as ckpt
+from . import jobs
 from .assembly import Assembly, assemble
 from .config import TrainConfig
 from .data import batch_len
@@ -75,7 +76,9 @@ class Trainer:
         self.eval_set, self.on_eval, self.loss_fn = job.eval_set, on_eval, job.loss_fn
         self.collate_fn = self.plan.data.collate_fn
         self.eval_metrics = dict(metrics) if metrics is not None else default_metrics(self.loss_fn)
-        self.eval_every = (config.eval_every or 1) if job.eval_set is not None else 0
+        held_out = job.eval_set is not None
+        self.eval_every = (config.eval_every or (0 if config.eval_every_steps else 1)) if held_out else 0
+        self.eval_every_steps, self.evaluated_at = config.eval_every_steps if held_out else 0, -1
         self.watchdog = Watchdog(launch, config.timeout_s, record=self._record, report_dir=config.ckpt_dir,
                                  step=lambda: self.position.step).start()
         self.tally, self.steps_left, self.save_due, self.groups = EpochTally(device), None, False, None
@@ -84,7 +87,7 @@ class Trainer:
         try:
             self.built = assemble(config, launch, self.plan, self.watchdog, self.stop, self.position, job,
                                   optimizer=optimizer, scheduler=scheduler, state=dict(state or {}),
-                                  eval_metrics=self.eval_metrics if self.eval_every else {},
+                                  eval_metrics=self.eval_metrics if self.eval_every or self.eval_every_steps else {},
                                   startup=self.clock.startup)
         except BaseException:
             # Free DDP now, while the group is open: dropped later with the traceback, its
@@ -145,6 +148,8 @@ class Trainer:
         for group in self.groups if not stopped_by else ():
             result = self.train_step(group.batches)
             self._count(result, group)
+            if self.eval_every_steps and self.step % self.eval_every_steps == 0:
+                self._evaluate()  # before any save at this step: a resume from it neither repeats nor skips it
             if built.agreement.due(self.step) or self._at_save_point() or built.save_points.step_due(self.step):
                 stopped_by = self._agree()
                 if stopped_by or self._at_save_point():
@@ -155,9 +160,18 @@ class Trainer:
         if self._epoch_done():
             self.position.epoch, self.position.batch_in_epoch = self.epoch + 1, 0
         self._save()
-        if self.eval_every and (self.epoch % self.eval_every == 0 if self.batch_in_epoch == 0 else self._finished()):
-            self._evaluate()  # a run that ends on --max-steps mid-epoch is evaluated at its end
+        if self.tally.steps and self._evaluation_due():
+            self._evaluate()
         return stopped_by, mean
+
+    def _evaluation_due(self) -> bool:
+        """At an epoch's end every --eval-every epochs; and at the run's end (a run that ends on
+        --max-steps mid-epoch, or with --eval-every-steps), unless its last step was just evaluated."""
+        if self.evaluated_at == self.step:
+            return False
+        if self.eval_every and self.batch_in_epoch == 0:
+            return self.epoch % self.eval_every == 0
+        return bool(self.eval_every or self.eval_every_steps) and self._finished()
 
     def _count(self, result: StepResult, group: Any) -> None:
         """A step done: the tallies, the clocks, the logs, the stream's position."""
@@ -268,6 +282,7 @@ class Trainer:
                                            int(totals[2].item()), int(totals[3].item())))
         stragglers = self.built.stragglers
         self.built.trackers.scalars(self.step, {"epoch_loss": mean, **(stragglers.tracked() if stragglers else {})})
+        self.built.trackers.epoch_ended(self.step, self.epoch, self.clock.samples_per_s())
         return mean
 
     @collective("checkpoint save")
@@ -302,6 +317,7 @@ class Trainer:
         self.built.trackers.scalars(self.step, {f"eval/{metric}": value for metric, value in results.items()})
         if self.on_eval is not None and self.launch.is_main:
             self.on_eval(dict(results, epoch=self.epoch, step=self.step))
+        self.evaluated_at = self.step
         self.step_clock.restart()
 
     @collective("replica check")
@@ -336,7 +352,7 @@ class Trainer:
     def _record(self, status: int, line: str) -> None:
         """The run's end in DIR/status, which the job scripts read."""
         if self.config.ckpt_dir:
-            ckpt.write_status(self.config.ckpt_dir, status, finished=status == 0 and self._finished(), step=self.step,
+            jobs.write_status(self.config.ckpt_dir, status, finished=status == 0 and self._finished(), step=self.step,
                               line=line, rank=self.launch.rank, host=self.host)
 
     # -- life cycle: `with Trainer(...) as trainer:` frees what holds the process group ------

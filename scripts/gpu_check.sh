@@ -95,7 +95,9 @@ PY
 
 SEED=(-m ddp_abci.train --epochs "${SEED_EPOCHS:-3}")
 step environment 60 "$PYTHON" scripts/lib/gpu_summary.py --environment "$WORK/environment.json"
-for amp in fp16 bf16 no; do
+# auto first: its summary's precision is what --amp auto chose on this GPU (bf16 from compute
+# capability 8.0, fp16 below).
+for amp in auto fp16 bf16 no; do
     step "raw_seed_$amp" "$STEP_S" "$PYTHON" "${SEED[@]}" --amp "$amp" --summary-json "$WORK/raw_seed_$amp.json"
 done
 step accelerate_seed "$STEP_S" env MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 "$PYTHON" -m ddp_abci.accelerate_variant \

@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib/job_common.sh
-source scripts/lib/job_common.sh  # to_seconds, hms, margin_s, batch_of, and die: "submit.sh: error: ..."
+REPO=$PWD  # job_common.sh: where jobs_py finds the package
+source scripts/lib/job_common.sh  # jobs_py (the chain's rules), DEFAULT_BS, and die: "submit.sh: error: ..."
 
 usage() {
     cat <<'USAGE'
@@ -24,7 +25,8 @@ usage: scripts/submit.sh SITE [-g GROUP] [-n NODES] [-t WALLTIME] [-c JOBS] [-p 
   -- TRAINER ARGS    the trainer's flags (python -m ddp_abci.train --help), or your TRAIN_SCRIPT's
 Settings from the environment reach every job: CKPT_DIR, TRAIN_SCRIPT, CONTAINER, IFNAME,
 NPROC_PER_NODE, MODULES, MPI_ARGS, BINDS, STOP_MARGIN_S, MAP_BY, PYTHON, MPIRUN
-(scripts/lib/job_common.sh); LOG_DIR: where the jobs' output files go.
+(scripts/lib/job_common.sh); LOG_DIR: where the jobs' output files go; AFTER=JOBID: the first
+job waits for that one (to extend a chain that runs: give its last job).
 DRY_RUN=1 prints the submit lines and the settings file and writes nothing. Job ids: one a line.
 USAGE
 }
@@ -69,12 +71,6 @@ case "$site:$resource" in abci2:rt_AF | abci2:rt_F | abci3:* | slurm:*) ;; *)
     die "-r $resource: ABCI 2.0's multi-node types are rt_AF (8 GPUs) and rt_F (4 GPUs)" ;; esac
 [ "$chain" = 1 ] || [ -n "${CKPT_DIR:-}" ] || die "-c $chain needs CKPT_DIR: every job of a chain resumes from it" \
     "(CKPT_DIR=/groups/GROUP/runs/NAME scripts/submit.sh ...)"
-# A bare number is minutes to Slurm and seconds to PBS: only unambiguous forms are taken.
-[[ "$walltime" =~ ^([0-9]+-)?[0-9]+:[0-9]{2}:[0-9]{2}$ || "$walltime" =~ ^[0-9]+[dhms]$ ]] ||
-    die "walltime $walltime: use HH:MM:SS, D-HH:MM:SS, or a number with d, h, m or s (12h, 90m)"
-limit=$(to_seconds "$walltime") || exit 2
-[ "$limit" -ge 60 ] || die "-t $walltime is too short: give at least 1m"
-
 # Ranks per node: what -p or NPROC_PER_NODE says, else one per GPU of the site's node.
 case "$site:$resource" in abci3:*) node_gpus=8 ;; abci2:rt_AF) node_gpus=8 ;; abci2:rt_F) node_gpus=4 ;;
     *) node_gpus=${gpus:-0} ;; esac
@@ -91,23 +87,20 @@ else
 fi
 [[ "$per_node" =~ ^[1-9][0-9]*$ ]] || die "NPROC_PER_NODE=$per_node is not a positive number"
 NPROC_PER_NODE=$per_node
-ranks=$(( nodes * per_node ))
-# The global batch must divide by the ranks: refused here, not after a queue wait.
-if [ -z "${TRAIN_SCRIPT:-}" ]; then
-    bs=$(batch_of "$@") || exit 2
-    [ $(( bs % ranks )) = 0 ] || die "--bs $bs does not divide by $nodes node(s) x $per_node rank(s) = $ranks:" \
-        "use a multiple of $ranks, e.g. --bs $(( (bs / ranks > 0 ? bs / ranks : 1) * ranks ))"
-fi
-
-# The trainer stops at its --stop-after, a margin before the limit (a quarter of a short
-# walltime, at most 2 minutes: job_common.sh); the scheduler's warning signal is the fallback
-# and must not come before it. Grid Engine: s_rt (where its SIGUSR1 comes) at the margin, the
-# deadline then taken from s_rt. Slurm "may send the signal up to 60 seconds earlier than
-# specified" (man sbatch, --signal; seen here: a 1-minute job's USR1 came 26 s in), so it is
-# asked for 60 s after the planned stop, and not at all when the margin is under a minute
-# (Slurm's SIGTERM at the limit is then the fallback).
-margin=$(margin_s "$limit")
-slurm_warning=$(( margin - 60 ))
+# Checked before anything is queued (ddp_abci/jobs.py, plan): the walltime's form (a bare number
+# is minutes to Slurm and seconds to PBS: only unambiguous forms are taken), the trainer's flags
+# as the trainer parses them (the global batch must divide by the ranks), TRAIN_SCRIPT readable
+# where the ranks will see it; it sets limit, margin, walltime_hms, slurm_time, slurm_warning and
+# node_hours. The trainer stops a margin before the limit (a quarter of a short walltime, at most
+# 2 minutes); the scheduler's warning signal is the fallback and must not come before it. Grid
+# Engine: s_rt (where its SIGUSR1 comes) at the margin. Slurm "may send the signal up to 60 seconds
+# earlier than specified" (man sbatch, --signal; seen here: a 1-minute job's USR1 came 26 s in), so
+# it is asked for 60 s after the planned stop, and not at all under a minute's margin.
+planned=$(jobs_py plan "$site" --walltime "$walltime" --nodes "$nodes" --per-node "$per_node" --jobs "$chain" \
+    --default-bs "$DEFAULT_BS" --train-script "${TRAIN_SCRIPT:-}" --repo "$PWD" --binds "${BINDS:-}" \
+    --container "${CONTAINER:-$PWD/ddp_abci.sif}" -- "$@") || exit 2
+limit="" margin="" walltime_hms="" slurm_time="" slurm_warning="" node_hours=""
+eval "$planned"
 
 # Settings reach the jobs in a file (SUBMIT_DIR, default .submit/, on the shared file system),
 # sourced by the job: qsub -v splits its list at commas, which BINDS and trainer arguments may hold.
@@ -143,19 +136,19 @@ submit_line() {
             # inside a PBS job takes its slots from PBS's allocation, one per PBS_NODEFILE line,
             # that is per mpiprocs: with select=N alone, one a node (seen under OpenPBS: "not
             # enough slots available" for 2 ranks).
-            cmd=(qsub -P "$group" -q rt_HF -l "select=$nodes:mpiprocs=$per_node" -l "walltime=$(hms "$limit")")
+            cmd=(qsub -P "$group" -q rt_HF -l "select=$nodes:mpiprocs=$per_node" -l "walltime=$walltime_hms")
             [ -n "$after" ] && cmd+=(-W "depend=afterany:$after")
             [ -n "${LOG_DIR:-}" ] && cmd+=(-o "$LOG_DIR/")
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci3.sh) ;;
         abci2)
             # rt_AF=N / rt_F=N: N whole nodes. s_rt before h_rt: SIGUSR1 there, where h_rt
             # alone would SIGKILL unannounced.
-            cmd=(qsub -terse -g "$group" -l "$resource=$nodes" -l "h_rt=$(hms "$limit")" -l "s_rt=$(( limit - margin ))")
+            cmd=(qsub -terse -g "$group" -l "$resource=$nodes" -l "h_rt=$walltime_hms" -l "s_rt=$(( limit - margin ))")
             [ -n "$after" ] && cmd+=(-hold_jid "$after")
             [ -n "${LOG_DIR:-}" ] && cmd+=(-o "$LOG_DIR/")
             cmd+=(-v "DDP_ABCI_ENV=$envfile" scripts/abci/train_abci2.sh) ;;
         slurm)
-            cmd=(sbatch --parsable -N "$nodes" --ntasks-per-node="$per_node" -t "$(slurm_time "$limit")")
+            cmd=(sbatch --parsable -N "$nodes" --ntasks-per-node="$per_node" -t "$slurm_time")
             [ -n "$gpus" ] && cmd+=("--gpus-per-node=$gpus")
             [ "$slurm_warning" -gt 0 ] && cmd+=("--signal=B:USR1@$slurm_warning")
             [ -n "$group" ] && cmd+=(-A "$group")
@@ -165,7 +158,7 @@ submit_line() {
     esac
 }
 
-previous="" ids=()
+previous=${AFTER:-} ids=()  # AFTER: a job this chain waits for (extending a chain that runs)
 for i in $(seq 1 "$chain"); do
     submit_line "$previous"
     if [ -n "${DRY_RUN:-}" ]; then
@@ -179,6 +172,10 @@ for i in $(seq 1 "$chain"); do
         echo "$previous"
     fi
 done
+# The run's chain, where `python -m ddp_abci.status CKPT_DIR` finds it (ddp_abci/jobs.py).
+if [ -z "${DRY_RUN:-}" ] && [ -n "${CKPT_DIR:-}" ]; then
+    jobs_py chain "$CKPT_DIR" --site "$site" --node-hours "$node_hours" --walltime-s "$limit" "${ids[@]}" || true
+fi
 if [ -n "${DRY_RUN:-}" ]; then
     echo "# $envfile (not written: DRY_RUN):"
     settings "$@"
@@ -193,3 +190,5 @@ elif [ "$chain" != 1 ]; then
     echo "submit.sh: a chain of $chain jobs, listed in $SUBMIT_DIR/$chain_id.jobs; to cancel them all:" \
         "$cancel \$(tac $SUBMIT_DIR/$chain_id.jobs)" >&2
 fi
+echo "submit.sh: $chain job(s) x $nodes node(s) x $walltime_hms = $node_hours node-hours asked for" \
+    "(held whether or not the run uses them)" >&2

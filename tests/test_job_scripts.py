@@ -5,12 +5,13 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers import MPIRUN, PYTHON, REPO, env, run
+from helpers import MPIRUN, PYTHON, REPO, env, run, wait_for_line
 
 SHELL_SCRIPTS = sorted({*REPO.glob("scripts/**/*.sh"), REPO / "scripts/slurm/train.sbatch", REPO / ".ci/run"})
 VENV_BIN = str(Path(PYTHON).parent)
@@ -156,12 +157,13 @@ def test_the_gpu_check_records_each_step_under_out_even_when_steps_fail_or_hang(
     fake.chmod(0o755)
     started = time.monotonic()
     proc = run(["bash", "scripts/gpu_check.sh"], env=env(PYTHON=str(fake), OUT=str(tmp_path / "out"), STEP_S="8",
-                                                         BUDGET_S="24", SEED_EPOCHS="1"), timeout=120)
+                                                         BUDGET_S="30", SEED_EPOCHS="1"), timeout=120)
     assert proc.returncode == 0, proc.stdout
     summary = json.loads((tmp_path / "out" / "gpu" / "gpu_check.json").read_text())
     steps = summary["steps"]
-    assert set(steps) == {"environment", "raw_seed_fp16", "raw_seed_bf16", "raw_seed_no", "accelerate_seed",
-                          "fabric_seed", "textbook_seed", "raw_large_bf16", "nccl_startup"}, steps
+    assert set(steps) == {"environment", "raw_seed_auto", "raw_seed_fp16", "raw_seed_bf16", "raw_seed_no",
+                          "accelerate_seed", "fabric_seed", "textbook_seed", "raw_large_bf16", "nccl_startup"}, steps
+    assert steps["raw_seed_auto"]["precision"] == "no"  # what --amp auto chose: fp32 on the CPU
     assert steps["raw_seed_no"]["status"] == "ok" and steps["raw_seed_no"]["samples_per_s"] > 0
     assert steps["raw_seed_no"]["first_step_s"] > 0
     assert steps["raw_seed_fp16"]["status"] == "failed, exit 2"
@@ -205,9 +207,10 @@ def _fake(tmp_path, name: str, output: str) -> str:
      3420),
 ])
 def test_the_deadline_comes_from_the_schedulers_own_limit(localhost, tmp_path, scheduler, command, output, left):
+    began = time.time()
     out = _dry_run(localhost, tmp_path, PATH=_fake(tmp_path, command, output), **scheduler)
-    stop = int(re.search(r"--stop-after (\d+)", out)[1])
-    assert left - 120 - 5 <= stop <= left - 120, out  # Grid Engine subtracts the script's seconds so far
+    stop = int(re.search(r"--stop-at (\d+)", out)[1]) - began  # a wall-clock time: the job's end less 120 s
+    assert left - 120 - 5 <= stop <= left - 120 + 1, out  # Grid Engine subtracts the script's seconds so far
     assert f"{left}s of walltime left" in out or "of walltime left" in out
 
 
@@ -413,3 +416,24 @@ def test_a_killed_mpiruns_leftover_session_is_removed_before_the_job_starts_its_
     proc = run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, TMPDIR=str(tmp_path), MPIRUN=mpirun))
     assert "done: 1 steps" in proc.stdout, proc.stdout  # the job's own mpirun ran
     assert not gone.exists() and alive.exists()
+
+
+def test_the_doctors_time_comes_out_of_the_jobs_walltime_not_after_it(tmp_path, localhost, mpirun):
+    # Slurm's squeue says 20 s are left; with 5 s kept free the job must end within 15 s of asking,
+    # the doctor's run (DOCTOR=1) and the ranks' start-up included.
+    e = job_env(localhost, PATH=_fake(tmp_path, "squeue", "00:20"), SLURM_JOB_ID="1234", STOP_MARGIN_S="5",
+                DOCTOR="1", TRAIN_SCRIPT=str(REPO / "tests" / "paced_script.py"), CKPT_DIR=str(tmp_path / "ck"))
+    proc = subprocess.Popen(["bash", "scripts/slurm/train.sbatch", "--pace", "0.05"], cwd=REPO, env=e,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        asked = time.monotonic()
+        wait_for_line(proc, "20s of walltime left; the trainer stops, saves and exits 75 within 15s")
+        lines = wait_for_line(proc, "deadline: --stop-at stops")
+        announced = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert any("the doctor checks the allocation first" in line for line in lines), lines
+    left = int(re.search(r"(\d+)s from now", lines[-1])[1])
+    assert left + (announced - asked) <= 15 + 1, (left, announced - asked)  # the job's end, not the trainer's start
+    assert proc.returncode == 75 and "stopped on the --stop-after deadline" in out, out

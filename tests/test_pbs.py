@@ -2,6 +2,7 @@
 scripts/submit.sh abci3 by an ordinary user, PBS's qsub, its walltime, its qdel, and
 scripts/abci/train_abci3.sh inside the jobs. The jobs train tests/paced_script.py, a fit() script
 whose steps sleep: a chain of one-minute jobs costs its minutes of waiting, little CPU."""
+import json
 import os
 import re
 import shutil
@@ -126,7 +127,7 @@ def test_qdel_of_a_running_chain_keeps_its_work_to_the_last_save_and_runs_no_mor
         assert time.monotonic() < deadline, pbs.job(ids[0])
         time.sleep(0.5)
     time.sleep(3)
-    cancel = said.split("to cancel them all: ")[1].strip()  # what submit.sh told the user to type
+    cancel = said.split("to cancel them all: ")[1].splitlines()[0]  # what submit.sh told the user to type
     cancelled = pbs.as_user("bash", "-c", cancel)
     assert cancelled.returncode == 0, (cancelled.stderr, outputs(folder, ids))
     first = pbs.wait(ids[0], 60)
@@ -140,13 +141,15 @@ def test_qdel_of_a_running_chain_keeps_its_work_to_the_last_save_and_runs_no_mor
     assert first["Exit_status"] != 0
 
 
-def test_a_refused_input_stops_the_chain_every_later_job_exiting_2_at_once(pbs):
+def test_an_input_the_job_refuses_stops_the_chain_every_later_job_exiting_2_at_once(pbs):
     folder = pbs.user_folder("refused")
-    ids, _ = submit(pbs, folder, "-t", "00:01:00", "-c", "3", "--", "--max-steps", "10", "--amp", "fp8")
+    # Refused by the job, not by submit.sh, which checks what it can before queueing: whether the
+    # nodes have GPUs only the job sees.
+    ids, _ = submit(pbs, folder, "-t", "00:01:00", "-c", "3", "--", "--max-steps", "10", "--comm", "nccl")
     infos = [pbs.wait(job, 90) for job in ids]
     outs = outputs(folder, ids)
     assert [info["Exit_status"] for info in infos] == [2, 2, 2], infos
-    assert "error: unknown amp (--amp) 'fp8'" in outs[0]
+    assert "error: comm (--comm) nccl needs CUDA GPUs" in outs[0], outs[0]
     for out in outs[1:]:
         assert "the chain stops: an earlier job ended with 2" in out and "world size" not in out, out
 
@@ -185,3 +188,13 @@ def test_a_rank_frozen_on_the_second_host_ends_the_job_with_69_naming_it_and_the
     resumed = int(re.search(r"resume: \S+ at epoch \d+, batch \d+, step (\d+)", two)[1])
     assert resumed >= 50 and resumed % 50 == 0, two  # the last save point before the node stopped
     assert "done: 400 steps" in two and second["Exit_status"] == 0, two
+
+
+def test_the_status_command_shows_the_chain_each_job_as_pbs_has_it_and_the_runs_end(pbs, chain):
+    out = pbs.as_user(PYTHON, "-m", "ddp_abci.status", str(chain["folder"] / "ck"), "--json",
+                      PYTHONPATH=str(REPO))  # as on a login node: the user, PBS's commands, no job
+    state = json.loads(out.stdout)
+    assert [job["id"] for job in state["jobs"]] == chain["ids"], out.stderr
+    assert all(job["state"].startswith("finished (exit ") for job in state["jobs"]), state["jobs"]
+    assert state["finished"] and state["last_exit"]["status"] == 0 and state["step"] == 800
+    assert state["site"] == "abci3" and state["node_hours"] == "0.0833333", state  # 5 jobs x 1 node x 1 minute

@@ -1,5 +1,6 @@
 """Resume and stop at the edges: the resume contract, no endless loop, exit 75 only when
 work is left, stale temporary files, and signals from the first moments of a rank."""
+import re
 import shutil
 import signal
 import subprocess
@@ -149,3 +150,17 @@ def test_stop_after_ends_a_long_run_with_75_inside_its_limit_and_resumes_exactly
     resumed, whole = load(tmp_path / "a" / "last.pt"), load(tmp_path / "b" / "last.pt")
     assert resumed["step"] == whole["step"] == target
     assert same_tensors(resumed["model"], whole["model"])
+
+
+def evaluated_steps(out: str) -> list[int]:
+    return [int(step) for step in re.findall(r"^eval after epoch \d+ \(step (\d+)\)", out, re.M)]
+
+
+def test_evaluation_by_steps_is_neither_repeated_nor_skipped_across_a_resume(tmp_path):
+    every = ["--eval-every-steps", "5", "--epochs", "10"]
+    first = train_here(*SMALL, *every, "--ckpt-dir", str(tmp_path), "--max-steps", "12")
+    rest = train_here(*SMALL, *every, "--ckpt-dir", str(tmp_path), "--resume", "--max-steps", "24")
+    assert_clean(first)
+    assert_clean(rest)
+    # every fifth step once, mid-epoch too (8 steps an epoch), and each run's end
+    assert (evaluated_steps(first.stdout), evaluated_steps(rest.stdout)) == ([5, 10, 12], [15, 20, 24])

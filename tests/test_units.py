@@ -100,8 +100,13 @@ def test_auto_precision_is_fp32_on_the_cpu():
     assert resolve_precision("auto", CPU) == "no"
 
 
-def test_auto_precision_is_fp16_on_cuda():
-    assert resolve_precision("auto", torch.device("cuda", 0)) == "fp16"
+@pytest.mark.parametrize("capability, chosen", [((9, 0), "bf16"), ((8, 0), "bf16"), ((7, 0), "fp16")],
+                         ids=["H100/H200", "A100", "V100"])
+def test_auto_precision_is_bf16_where_the_gpu_computes_it_and_fp16_with_its_scaler_below(monkeypatch, capability,
+                                                                                          chosen):
+    # No GPU here: the device's compute capability is the one fact the choice reads.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert resolve_precision("auto", torch.device("cuda", 0)) == chosen
 
 
 def test_fp16_on_the_cpu_is_refused_naming_the_alternatives():

@@ -1,4 +1,6 @@
 """Train your own model: a model, dataset and loss the library did not write, through fit() on real ranks."""
+import re
+
 import pytest
 import torch
 
@@ -96,3 +98,14 @@ def test_the_digits_example_reaches_95_percent_held_out_accuracy(tmp_path):
     assert_clean(proc)
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("held-out accuracy ") and float(last.split()[-1]) >= 0.95, proc.stdout
+
+
+def test_the_language_model_example_trains_by_steps_on_token_shards_it_writes_and_evaluates_them(tmp_path):
+    proc = run(on_ranks(2, "-m", "ddp_abci.examples.language_model", "--data", str(tmp_path / "tokens"),
+                        "--max-steps", "20", "--eval-every-steps", "10", "--warmup-steps", "5", "--bs", "8",
+                        "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--vocab", "256",
+                        "--eval-windows", "64"))
+    assert proc.returncode == 0 and "done: 20 steps" in proc.stdout, proc.stdout
+    evaluations = re.findall(r"eval after epoch 0 \(step (\d+)\): loss [\d.]+, perplexity ([\d.]+)", proc.stdout)
+    assert [step for step, _ in evaluations] == ["10", "20"]
+    assert all(200 < float(p) < 320 for _, p in evaluations)  # random tokens: about the vocabulary's 256

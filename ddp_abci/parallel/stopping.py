@@ -44,11 +44,15 @@ class StopAgreement:
 
     def __init__(self, stop: StopRequest, every: int, path: GradientPath, device: torch.device, rank: int,
                  world_size: int, guard_finite: bool, max_fp16_skips: int, stop_after_s: float = 0.0,
-                 expected_save_s: float = 0.0, step: int = 0) -> None:
+                 expected_save_s: float = 0.0, step: int = 0, stop_at: float = 0.0) -> None:
+        """stop_after_s: a deadline that many seconds after this process started; stop_at: one at
+        that wall-clock time (seconds since 1970), on this rank's clock; the earlier counts."""
         self.stop, self.every, self.path, self.device = stop, every, path, device
         self.rank, self.world_size = rank, world_size
         self.guard_finite, self.max_fp16_skips = guard_finite, max_fp16_skips
-        self.deadline = stop.created + stop_after_s if stop_after_s else None
+        deadlines = ([(stop.created + stop_after_s, "--stop-after")] if stop_after_s else []) + \
+            ([(time.monotonic() + stop_at - time.time(), "--stop-at")] if stop_at else [])
+        self.deadline, self.deadline_flag = min(deadlines) if deadlines else (None, "")
         self.save_s, self.interval_s, self.last_check = expected_save_s, 0.0, time.monotonic()
         self.bad_norm: float | None = None
         self.skips_in_a_row = 0
@@ -78,8 +82,8 @@ class StopAgreement:
 
     def deadline_line(self) -> str:
         left = self.deadline - time.monotonic()
-        return (f"deadline: --stop-after stops, saves and exits 75 with at least {self.reserve_s():.1f}s to spare "
-                f"(twice the longest save and check interval, measured as the run goes), {left:.0f}s from now")
+        return (f"deadline: {self.deadline_flag} stops, saves and exits 75 with at least {self.reserve_s():.1f}s to "
+                f"spare (twice the longest save and check interval, measured as the run goes), {left:.0f}s from now")
 
     def due(self, step: int) -> bool:
         """A check step (the trainer also agrees at every save point)."""

@@ -25,6 +25,8 @@
 #                   stops the job (exit 1) with its lines
 #   DDP_ABCI_ENV    a file of settings written by submit.sh (values may hold commas), sourced first
 #   CHAIN_ID        set by submit.sh -c: this job is one of a chain (see chain_verdict)
+#   JOBS_PYTHON     the Python that runs the chain's rules (ddp_abci/jobs.py; no torch, 3.9 or newer);
+#                   default: PYTHON without a container, else the host's python3
 #   LOG_DIR         where submit.sh asks the scheduler to put each job's output (default: the
 #                   folder it is run from, the checkout)
 
@@ -35,7 +37,14 @@ if [ -n "${DDP_ABCI_ENV:-}" ]; then
 fi
 
 die() {
-    echo "$(basename "$0"): error: $*" >&2
+    local line
+    line="$(basename "$0"): error: $*"
+    echo "$line" >&2
+    # A job's refusal is recorded (ddp_abci/jobs.py): the chain's next jobs then stop at once, where
+    # each would take its nodes to fail the same way. submit.sh and dry runs record nothing.
+    if [ -n "${JOB_NUM:-}" ] && [ -n "${CKPT_DIR:-}" ] && [ "${DRY_RUN:-0}" != 1 ]; then
+        jobs_py record "$CKPT_DIR" 2 "$line" ${CHAIN_ID:+--chain "$CHAIN_ID"} 2>/dev/null || true
+    fi
     exit 2
 }
 
@@ -184,7 +193,9 @@ load_modules() {  # MODULES: space-separated; skipped where the module system is
 
 # TRAIN: the trainer (or TRAIN_SCRIPT) and its arguments from the settings (IFNAME, CKPT_DIR,
 # TRAIN_ARGS, the job's own arguments), the same under mpirun and srun. The seed's job gets
-# --bs DEFAULT_BS unless the arguments give one: the trainer's own 50 divides by no 8-rank node.
+# --bs DEFAULT_BS unless the arguments give one: the trainer's own 50 divides by no 8-rank node,
+# 256 (the seed's job script's) by 8, 16, 32, ... ranks.
+DEFAULT_BS=256
 trainer_args() {
     local args=()
     # shellcheck disable=SC2206
@@ -202,112 +213,31 @@ trainer_args() {
     deadline_args
 }
 
-# A walltime in seconds: "12:00:00", "1-00:00:00", "12h", "90m", "45s", "2d" (what users type),
-# or, from the schedulers themselves, "MM:SS" (squeue's %L) and plain seconds (qstat -j).
-to_seconds() {
-    local t=$1 days=0 h=0 m=0 s=0
-    case "$t" in
-        *[0-9][dhms])
-            [[ "$t" =~ ^[0-9]+[dhms]$ ]] || die "walltime $t: use HH:MM:SS, D-HH:MM:SS, or a number with d, h, m or s (12h, 90m)"
-            local n=$(( 10#${t%?} ))
-            case "${t: -1}" in d) echo $(( n * 86400 )) ;; h) echo $(( n * 3600 )) ;; m) echo $(( n * 60 )) ;; s) echo "$n" ;; esac
-            return ;;
-    esac
-    [[ "$t" =~ ^([0-9]+-)?[0-9]+(:[0-9]+){0,2}(\.[0-9]+)?$ ]] ||
-        die "walltime $t: use HH:MM:SS, D-HH:MM:SS, or a number with d, h, m or s (12h, 90m)"
-    if [[ "$t" == *-* ]]; then days=${t%%-*}; t=${t#*-}; fi
-    IFS=: read -r -a parts <<<"$t"
-    case ${#parts[@]} in
-        3) h=${parts[0]} m=${parts[1]} s=${parts[2]} ;;
-        2) m=${parts[0]} s=${parts[1]} ;;
-        *) s=${parts[0]} ;;
-    esac
-    echo $(( 10#$days * 86400 + 10#$h * 3600 + 10#$m * 60 + 10#${s%%.*} ))
-}
-
-# Seconds as HH:MM:SS (hours past 24 stay hours: PBS and Grid Engine take 72:00:00).
-hms() {
-    printf '%02d:%02d:%02d' $(( $1 / 3600 )) $(( $1 % 3600 / 60 )) $(( $1 % 60 ))
-}
-
-# Seconds as Slurm's -t: D-HH:MM:SS past a day, else HH:MM:SS.
-slurm_time() {
-    if [ "$1" -ge 86400 ]; then
-        printf '%d-%s' $(( $1 / 86400 )) "$(hms $(( $1 % 86400 )))"
-    else
-        hms "$1"
+# The chain's rules (ddp_abci/jobs.py), run by a Python that needs neither torch nor the image:
+# the trainer's own where no container is used, else the host's python3 (3.9 or newer); JOBS_PYTHON
+# names another.
+jobs_py() {
+    local python=${JOBS_PYTHON:-}
+    if [ -z "$python" ]; then
+        if [ "${CONTAINER:-none}" = none ]; then python=${PYTHON:-python3}; else python=python3; fi
     fi
+    PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$python" -m ddp_abci.jobs "$@"
 }
 
-# The global batch the trainer will use: --bs N (or --bs=N) among the arguments, else the job
-# scripts' default, DEFAULT_BS (256, the seed's job script's: it divides by 8, 16, 32, ... ranks).
-DEFAULT_BS=256
-batch_of() {
-    local bs=$DEFAULT_BS
-    while [ $# -gt 0 ]; do
-        case "$1" in
-            --bs) bs=${2:-}; shift ;;
-            --bs=*) bs=${1#--bs=} ;;
-        esac
-        shift
-    done
-    [[ "$bs" =~ ^[1-9][0-9]*$ ]] || die "--bs $bs is not a positive number"
-    echo "$bs"
-}
-
-# Seconds left before the scheduler ends the job, from the scheduler itself; empty if unknown.
-#   PBS: qstat -f's Resource_List.walltime minus resources_used.walltime
-#   Grid Engine: qstat -j's s_rt (it sends SIGUSR1 there), else h_rt (SIGKILL, no warning), minus
-#                the time this script has run
-#   Slurm: squeue's %L (time left)
-walltime_left_s() {
-    local info limit used
-    if [ -n "${PBS_JOBID:-}" ] && command -v "$(pbs_command qstat)" >/dev/null 2>&1; then
-        info=$("$(pbs_command qstat)" -f "$PBS_JOBID" 2>/dev/null) || return 0
-        limit=$(awk -F' = ' '/Resource_List.walltime/ {print $2; exit}' <<<"$info")
-        used=$(awk -F' = ' '/resources_used.walltime/ {print $2; exit}' <<<"$info")
-        [ -n "$limit" ] && echo $(( $(to_seconds "$limit") - $(to_seconds "${used:-0}") ))
-    elif [ -n "${SLURM_JOB_ID:-}" ] && command -v squeue >/dev/null 2>&1; then
-        limit=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 0
-        [[ "$limit" =~ ^[0-9] ]] && to_seconds "$limit"
-    elif [ -n "${JOB_ID:-}" ] && command -v qstat >/dev/null 2>&1; then
-        info=$(qstat -j "$JOB_ID" 2>/dev/null | grep -m1 'hard resource_list') || return 0
-        limit=$(grep -o 's_rt=[0-9:]*' <<<"$info" | cut -d= -f2)
-        [ -n "$limit" ] || limit=$(grep -o 'h_rt=[0-9:]*' <<<"$info" | cut -d= -f2)
-        [ -n "$limit" ] && echo $(( $(to_seconds "$limit") - SECONDS ))
-    fi
-    return 0
-}
-
-# PBS's own command: where /etc/pbs.conf says PBS lives (PBS_EXEC). A PBS job's PATH puts
-# /opt/pbs/bin last (/etc/profile.d/pbs.sh), and another scheduler's qstat may come first.
-pbs_command() {
-    local exec
-    exec=$(sed -n 's/^PBS_EXEC=//p' "${PBS_CONF_FILE:-/etc/pbs.conf}" 2>/dev/null)
-    if [ -n "$exec" ] && [ -x "$exec/bin/$1" ]; then echo "$exec/bin/$1"; else echo "$1"; fi
-}
-
-# The default time kept free before a walltime of $1 seconds: 2 minutes, or a quarter of a
-# short one (a 1-minute job keeps 15 s).
-margin_s() {
-    local quarter=$(( $1 / 4 ))
-    if [ "$quarter" -lt 120 ]; then echo "$quarter"; else echo 120; fi
-}
-
-# --stop-after for the trainer: the walltime is the plan, signals are the fallback.
+# The trainer's deadline: the job's own end from the scheduler, less STOP_MARGIN_S, as a wall-clock
+# time (--stop-at), so that what runs first (the doctor, mpirun starting the ranks) comes out of the
+# job's time; STOP_AFTER gives seconds from the trainer's own start instead.
 deadline_args() {
-    local left stop=${STOP_AFTER:-}
-    if [ -z "$stop" ]; then
-        left=$(walltime_left_s)
-        [ -n "$left" ] || return 0
-        stop=$(( left - ${STOP_MARGIN_S:-$(margin_s "$left")} ))
-        if [ "$stop" -lt 10 ]; then
-            echo "job $JOB_NUM: only ${left}s of walltime left; no --stop-after, signals are the only stop" >&2
-            return 0
-        fi
-        echo "job $JOB_NUM: ${left}s of walltime left; the trainer stops, saves and exits 75 within ${stop}s"
+    if [ -n "${STOP_AFTER:-}" ]; then
+        TRAIN+=(--stop-after "$STOP_AFTER")
+        return
     fi
-    TRAIN+=(--stop-after "$stop")
+    # No scheduler, no walltime (the scheduler's own variables, as exported: train_abci3.sh sets a JOB_ID of its own).
+    [ -n "$(printenv PBS_JOBID SLURM_JOB_ID JOB_ID)" ] || return 0
+    local flag
+    # shellcheck disable=SC2207  # two words: --stop-at and its time
+    flag=($(jobs_py deadline --job "$JOB_NUM" ${STOP_MARGIN_S:+--margin "$STOP_MARGIN_S"} --elapsed "$SECONDS"))
+    TRAIN+=("${flag[@]+"${flag[@]}"}")
 }
 
 # MAP: where ranks go. One rank per GPU, shared out over the sockets (ranks 0-3 and 4-7 of
@@ -367,99 +297,6 @@ flight_recorder() {
     [ "${DRY_RUN:-0}" = 1 ] || mkdir -p "$CKPT_DIR/nccl-flight-recorder"
 }
 
-# What the job's exit status means for the next step (docs/abci.md, "when a job fails").
-explain_exit() {
-    case "$1" in
-        75) if [ -n "${CKPT_DIR:-}" ]; then
-                echo "job $JOB_NUM: stopped early with a checkpoint; resubmit with the same CKPT_DIR to continue" \
-                    "(Open MPI's 'exited with non-zero status' block above is this exit 75: expected)"
-            else
-                echo "job $JOB_NUM: stopped early with no checkpoint (no CKPT_DIR): its work is lost; set CKPT_DIR" \
-                    "to carry a run from job to job"
-            fi ;;
-        65) echo "job $JOB_NUM: diverged; the last good checkpoint is kept; do not resubmit as is: lower --lr or add --clip-norm" ;;
-        69) echo "job $JOB_NUM: a rank stopped answering (named above, with its host); the last checkpoint is intact: resubmit with the same CKPT_DIR, and check that host" ;;
-        74) echo "job $JOB_NUM: a checkpoint could not be written (disk full, quota, folder); free space, then resubmit" ;;
-        2) echo "job $JOB_NUM: refused before training (bad setting, named above); fix it, then resubmit" ;;
-        1) echo "job $JOB_NUM: failed unexpectedly (the traceback above: CUDA out of memory, an NCCL error, a bug);" \
-               "the last checkpoint is intact; resubmit once for a passing fault, fix the cause if it repeats" ;;
-    esac
-}
-
-# A field of CKPT_DIR/status, the run's own record of how it ended (checkpoint.write_status).
-status_field() {
-    awk -v key="$1" 'index($0, key "=") == 1 {print substr($0, length(key) + 2); exit}' "$CKPT_DIR/status" 2>/dev/null
-}
-
-# The record's fingerprint, taken before mpirun: a record is this job's when it differs. Its time
-# cannot tell: a job that fails at once ends within the second the job before it recorded in.
-status_print() {
-    cksum "${CKPT_DIR:-/nonexistent}/status" 2>/dev/null || echo none
-}
-
-# Whether the run (or this job) wrote CKPT_DIR/status since status_print gave $1.
-recorded_since() {
-    [ -f "$CKPT_DIR/status" ] && [ "$(status_print)" != "$1" ]
-}
-
-# The run's exit status, from mpirun's and the run's record. mpirun's is not always the run's:
-# cut off from a host, Open MPI 5's mpirun exited 0 (measured: docs/reliability.md). So a
-# status the run recorded during this job wins, and without one a 0 is not believed. A refusal
-# (2) and an unexpected failure (1) record nothing themselves: the job records them, with the
-# run's last error line, so that a chain stops on a refusal and on a failure that repeats.
-reconciled_status() {
-    local rc=$1 before=$2 recorded host
-    [ -n "${CKPT_DIR:-}" ] || { echo "$rc"; return; }
-    if recorded_since "$before"; then
-        recorded=$(status_field status)
-        if [ "$recorded" != "$rc" ]; then
-            echo "job $JOB_NUM: mpirun exited $rc; the run recorded $recorded: $(status_field line)" >&2
-        fi
-        echo "$recorded"
-    elif [ "$rc" = 0 ]; then
-        lost_host "job $JOB_NUM: mpirun exited 0 but the run recorded no end in $CKPT_DIR/status: a rank or the" \
-            "launcher was lost (Open MPI's lines above name the host); treated as 69"
-    elif host=$(lost_daemon_host); then
-        lost_host "job $JOB_NUM: mpirun exited $rc after Open MPI lost its daemon on $host (its lines above) during" \
-            "training: that host, or the link to it, was lost; treated as 69"
-    else
-        if [ "$rc" = 2 ] || [ "$rc" = 1 ]; then
-            record_status "$rc" "$(mpirun_output | grep '^error:' | tail -n 1)"
-        fi
-        echo "$rc"
-    fi
-}
-
-# lost_host WORDS...: the 69 of a host lost where the run could not record it, said on stderr
-# and recorded (the chain's next job resumes: 69 is a verdict it acts on).
-lost_host() {
-    echo "$*" >&2
-    record_status 69 "$*"
-    echo 69
-}
-
-# The host whose Open MPI daemon was lost after the ranks had started, from mpirun's output. Cut
-# off from a host, mpirun either gives up on its own send (PRRTE's "lost communication with a
-# remote daemon") or hears first that the daemon there ended (its "A daemon failed to report
-# back", with exit 1): measured between the test's two hosts, the same cut gave either. Before
-# the ranks start the same lines mean a launch that cannot work (no prted there), not a lost host.
-lost_daemon_host() {
-    grep -q '^ddp_abci: world size' "$OUTPUT" 2>/dev/null &&
-        grep -q -e 'lost communication with a remote daemon' -e 'A daemon failed to report back' "$OUTPUT" ||
-        return 1
-    local host
-    host=$(mpirun_output | grep -o -e 'Remote daemon: .* on node [^ ]*' -e 'Remote host: *[^ ]*' | head -n 1 |
-        awk '{print $NF}')
-    echo "${host:-a host}"
-}
-
-# mpirun's output as text. Open MPI 5 ends its MPI_ABORT banner with a NUL byte (measured: 1 run in
-# 6 of a failing fit()): a rank's line that arrives after the banner starts with it, and grep takes
-# the file for binary, where -o and a plain match print nothing. (grep -q answers right either way.)
-mpirun_output() {
-    tr -d '\000' < "$OUTPUT" 2>/dev/null
-}
-
 # Open MPI 5's mpirun keeps its session in $TMPDIR/ompi.PID (else /tmp) and leaves it there when
 # it is SIGKILLed (a walltime's kill, scancel --signal=KILL); a later mpirun on this node that gets
 # the same PID then fails at once: "The PMIx server's listener thread failed to start", exit 213
@@ -474,52 +311,15 @@ clear_stale_mpi_sessions() {
     return 0
 }
 
-# record_status STATUS LINE: the job's own record in CKPT_DIR/status, as the run writes it
-# (checkpoint.write_status), atomically; `failures` counts exits 1 in a row within the chain.
-record_status() {
-    local tmp failures=0
-    mkdir -p "$CKPT_DIR" 2>/dev/null || return 0
-    if [ "$1" = 1 ] && [ -f "$CKPT_DIR/status" ] && [ "$(status_field status)" = 1 ]; then
-        failures=$(status_field failures)
-    fi
-    tmp=$(mktemp "$CKPT_DIR/.status.XXXXXX.tmp") || return 0
-    printf 'status=%s\nfinished=0\nstep=%s\nrank=-\nhost=%s\nunix=%s\nline=%s\nfailures=%s\n' "$1" \
-        "$(status_field step)" "$(hostname)" "$(date +%s)" "${2:-exit $1}" "$(( ${failures:-0} + ($1 == 1) ))" \
-        >"$tmp" && mv "$tmp" "$CKPT_DIR/status"
-}
-
-# A job of a chain (submit.sh -c) first reads what the jobs before it recorded in
-# CKPT_DIR/status: a finished run needs nothing more (exit 0 at once); a diverged one (65), a
-# failing storage (74), a refused input (2) or an unexpected failure twice in a row (1) will not
-# mend by itself, so the chain stops there (this job, and each after it, exits at once with that
-# status, saying why). 69, 75 and a first 1 resume.
+# A job of a chain (submit.sh -c) first reads what the jobs before it recorded in CKPT_DIR/status
+# and ends at once where it should (ddp_abci/jobs.py, verdict: a finished run, or an end that does
+# not mend by itself); 69, 75 and a first 1 resume.
 chain_verdict() {
-    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && [ -f "$CKPT_DIR/status" ] || return 0
-    [ "$(status_field chain)" = "$CHAIN_ID" ] || return 0
-    local status
-    status=$(status_field status)
-    if [ "$status" = 0 ] && [ "$(status_field finished)" = 1 ]; then
-        echo "job $JOB_NUM: the run in $CKPT_DIR is finished (step $(status_field step)); nothing to train"
-        exit 0
-    fi
-    case "$status" in
-        65 | 74 | 2)
-            echo "job $JOB_NUM: the chain stops: an earlier job ended with $status: $(status_field line)" >&2
-            exit "$status" ;;
-        1)
-            if [ "$(status_field failures)" -ge 2 ] 2>/dev/null; then
-                echo "job $JOB_NUM: the chain stops: two jobs in a row failed unexpectedly (exit 1): $(status_field line)" >&2
-                exit 1
-            fi ;;
-    esac
-}
-
-# After mpirun: the chain's id on the run's record (written during this job), for the next job.
-stamp_chain() {
-    local before=$1 tmp
-    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && recorded_since "$before" || return 0
-    tmp=$(mktemp "$CKPT_DIR/.status.XXXXXX.tmp")
-    { grep -v '^chain=' "$CKPT_DIR/status"; echo "chain=$CHAIN_ID"; } >"$tmp" && mv "$tmp" "$CKPT_DIR/status"
+    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] || return 0
+    local decision
+    decision=$(jobs_py verdict "$CKPT_DIR" --chain "$CHAIN_ID" --job "$JOB_NUM") ||
+        die "the chain's rules could not run (python -m ddp_abci.jobs with ${JOBS_PYTHON:-python3}): set JOBS_PYTHON"
+    [ "$decision" = train ] || exit "$decision"
 }
 
 # wait_for_copy PID: the verdict on mpirun's exit reads its copied output, so wait until the copy
@@ -554,26 +354,6 @@ run_stoppable() {
     return "$rc"
 }
 
-# Leave the hosts the run found straggling (CKPT_DIR/slow_hosts.json) out of the chain's next
-# job, where the scheduler can: Slurm's pending job takes an ExcNodeList (scontrol update). PBS
-# Professional and Grid Engine offer no exclusion a pending job can be given without replacing
-# its whole resource request (qalter -l): there the hosts are named for the user to act on.
-exclude_slow_hosts() {
-    local hosts next
-    [ -n "${CHAIN_ID:-}" ] && [ -n "${CKPT_DIR:-}" ] && [ -f "$CKPT_DIR/slow_hosts.json" ] || return 0
-    hosts=$(grep -o '"hosts": \[[^]]*\]' "$CKPT_DIR/slow_hosts.json" | grep -o '"[^"]*"' | tr -d '"' |
-        grep -v '^hosts$' | paste -sd, -)
-    [ -n "$hosts" ] || return 0
-    next=$(grep -A1 -x "${SLURM_JOB_ID:-none}" "${SUBMIT_DIR:-$REPO/.submit}/$CHAIN_ID.jobs" 2>/dev/null | tail -n +2)
-    if [ -n "${SLURM_JOB_ID:-}" ] && [ -n "$next" ] && command -v scontrol >/dev/null 2>&1; then
-        scontrol update "JobId=$next" "ExcNodeList=$hosts" &&
-            echo "job $JOB_NUM: the chain's next job ($next) leaves out the hosts that straggled: $hosts"
-    else
-        echo "job $JOB_NUM: these hosts straggled (CKPT_DIR/slow_hosts.json): $hosts; this scheduler's queued" \
-            "jobs cannot be told to avoid them: tell your site's support if it repeats" >&2
-    fi
-}
-
 # DOCTOR=1 (or the first job of a chain submitted with --doctor): the allocation checked before
 # training, by the same mpirun; a problem stops the job with exit 1 and its lines.
 run_doctor() {
@@ -591,7 +371,7 @@ run_doctor() {
 }
 
 # Start mpirun and wait (run_stoppable), then say what its exit status means. Its output also
-# goes to a file, where the run's last error line is found for the record (reconciled_status).
+# goes to a file, where the run's last error line is found for the record (jobs.py, finish).
 launch_training() {
     local per_node=$PER_NODE np=$(( ${#NODES[@]} * PER_NODE ))
     rank_command
@@ -610,8 +390,8 @@ launch_training() {
         echo "dry run: $(printf '%q ' "${cmd[@]}")"
         return 0
     fi
-    local rc=0 before copy copier
-    before=$(status_print)
+    local rc=0 before copy copier status
+    before=$(jobs_py fingerprint "${CKPT_DIR:-/nonexistent}")
     job_tmp OUTPUT output
     # The copy ignores Ctrl-C and SIGTERM: were it to die, mpirun's output would have nowhere to go.
     exec {copy}> >(trap '' INT TERM; exec tee "$OUTPUT")
@@ -619,9 +399,8 @@ launch_training() {
     run_stoppable "${cmd[@]}" >&"$copy" 2>&1 {copy}>&- || rc=$?
     exec {copy}>&-
     wait_for_copy "$copier"
-    rc=$(reconciled_status "$rc" "$before")
-    stamp_chain "$before"
-    exclude_slow_hosts
-    explain_exit "$rc"
-    return "$rc"
+    # What the status means, said and recorded; the chain's next job told of slow hosts (jobs.py).
+    status=$(jobs_py finish "${CKPT_DIR:-}" "$rc" --before "$before" --output "$OUTPUT" --job "$JOB_NUM" \
+        ${CHAIN_ID:+--chain "$CHAIN_ID"} --submit-dir "${SUBMIT_DIR:-$REPO/.submit}") || status=$rc
+    return "$status"
 }

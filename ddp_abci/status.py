@@ -1,0 +1,160 @@
+"""Where a chain of jobs stands, from the files its jobs write as they run; on a login node too
+(no torch, Python 3.9 and newer with the checkout on PYTHONPATH):
+
+    python -m ddp_abci.status CKPT_DIR            the chain, its jobs' states, the run's step and speed,
+                                                  the time left at that speed, the last checkpoint's age,
+                                                  slow hosts, the last exit status and what it means
+    python -m ddp_abci.status CKPT_DIR --json     the same as one JSON object (KEYS), for scripts
+
+What it reads, all in CKPT_DIR: chain.json (submit.sh: the jobs it submitted, the site, the
+walltime, the node-hours), progress.json (the running job's rank 0, at each progress line and
+epoch: step, speed, the run's length), last.pt's time, status (how the last job ended),
+slow_hosts.json; and the scheduler's own view of the chain's jobs (qstat, squeue or sacct),
+where its command answers. Exit status: 0, or 2 when CKPT_DIR holds none of these.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .jobs import explain, read_status
+
+KEYS = ("ckpt_dir", "site", "jobs", "step", "total_steps", "samples_per_s", "run_left_s", "progress_age_s",
+        "running_job", "last_checkpoint_age_s", "slow_hosts", "last_exit", "finished", "node_hours")
+CHAIN, PROGRESS = "chain.json", "progress.json"
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def job_states(site: str, ids: Sequence[str]) -> dict[str, str]:
+    """Each job's state as the scheduler says it (queued, held, running, finished, or unknown)."""
+    if not ids:
+        return {}
+    if site == "abci3":
+        out = _ask("qstat", "-x", "-f", "-F", "json", *ids)
+        jobs = json.loads(out).get("Jobs", {}) if out.strip().startswith("{") else {}
+        names = {"Q": "queued", "H": "held", "R": "running", "E": "exiting", "F": "finished"}
+        return {job: _pbs_state(jobs.get(job), names) for job in ids}
+    if site == "slurm":
+        out = _ask("sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(ids))
+        found = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+        return {job: found.get(job, "unknown").split()[0].lower() for job in ids}
+    out = _ask("qstat")  # Grid Engine: a job it no longer lists has ended
+    listed = {line.split()[0]: line.split()[4] for line in out.splitlines()[2:] if len(line.split()) > 4}
+    names = {"r": "running", "qw": "queued", "hqw": "held", "t": "running"}
+    return {job: names.get(listed[job], listed[job]) if job in listed else ("finished" if out else "unknown")
+            for job in ids}
+
+
+def _pbs_state(info: dict | None, names: dict[str, str]) -> str:
+    if not info:
+        return "unknown"
+    state = names.get(info.get("job_state", ""), "unknown")
+    return f"{state} (exit {info['Exit_status']})" if state == "finished" and "Exit_status" in info else state
+
+
+def _ask(*cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def chain_status(ckpt_dir: str, now: float | None = None, states: dict[str, str] | None = None) -> dict[str, Any]:
+    """The chain's state as one dict of KEYS (values None where nothing tells them). `states`:
+    the jobs' states when known (asked of the scheduler otherwise)."""
+    folder, now = Path(ckpt_dir), time.time() if now is None else now
+    chain, progress, record = _json(folder / CHAIN), _json(folder / PROGRESS), read_status(folder)
+    ids = [str(job) for job in chain.get("jobs", [])]
+    states = job_states(chain.get("site", ""), ids) if states is None else states
+    step, total, rate = progress.get("step"), progress.get("total_steps"), progress.get("steps_per_s")
+    checkpoint = folder / "last.pt"
+    slow = _json(folder / "slow_hosts.json").get("hosts", [])
+    status = int(record["status"]) if record.get("status", "").lstrip("-").isdigit() else None
+    return {
+        "ckpt_dir": str(folder), "site": chain.get("site"),
+        "jobs": [{"id": job, "state": states.get(job, "unknown")} for job in ids],
+        "step": step, "total_steps": total, "samples_per_s": progress.get("samples_per_s"),
+        "run_left_s": (total - step) / rate if total and rate and step is not None else None,
+        "progress_age_s": now - progress["unix"] if "unix" in progress else None,
+        "running_job": progress.get("job"),
+        "last_checkpoint_age_s": now - checkpoint.stat().st_mtime if checkpoint.exists() else None,
+        "slow_hosts": slow,
+        "last_exit": None if status is None else {"status": status, "line": record.get("line", ""),
+                                                  "meaning": _meaning(status, str(folder))},
+        "finished": record.get("finished") == "1", "node_hours": chain.get("node_hours"),
+    }
+
+
+def _meaning(status: int, ckpt_dir: str) -> str:
+    """What the status means for the next step, as the job's log says it (jobs.explain)."""
+    if status == 0:
+        return "done"
+    return explain(status, "-", ckpt_dir).split(": ", 1)[-1]
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = int(max(seconds, 0))
+    days, rest = divmod(seconds, 86400)
+    clock = f"{rest // 3600}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days} d {clock}" if days else clock
+
+
+def lines(state: dict[str, Any]) -> list[str]:
+    """The state as the lines a person reads."""
+    out = [f"chain in {state['ckpt_dir']}" + (f" ({state['site']}, {state['node_hours']} node-hours asked for)"
+                                              if state["site"] else "")]
+    for job in state["jobs"]:
+        out.append(f"  job {job['id']}: {job['state']}")
+    if state["finished"]:
+        out.append("the run is finished")
+    elif state["step"] is not None:
+        total = f" of {state['total_steps']:,}" if state["total_steps"] else ""
+        rate = f", {state['samples_per_s']:,.0f} samples/s" if state["samples_per_s"] else ""
+        out.append(f"step {state['step']:,}{total}{rate} (as of {_duration(state['progress_age_s'])} ago, job "
+                   f"{state['running_job'] or '?'}); the whole run needs {_duration(state['run_left_s'])} more at "
+                   "this speed")
+    if state["last_checkpoint_age_s"] is not None:
+        out.append(f"last checkpoint written {_duration(state['last_checkpoint_age_s'])} ago")
+    if state["slow_hosts"]:
+        out.append(f"slow hosts: {', '.join(state['slow_hosts'])}")
+    if state["last_exit"]:
+        end = state["last_exit"]
+        out.append(f"last job ended with {end['status']} ({end['line']}): {end['meaning']}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddp_abci.status", description=__doc__.split("\n\n")[0])
+    parser.add_argument("ckpt_dir")
+    parser.add_argument("--json", action="store_true", help="one JSON object (its keys: ddp_abci.status.KEYS)")
+    args = parser.parse_args(argv)
+    folder = Path(args.ckpt_dir)
+    if not any((folder / name).exists() for name in (CHAIN, PROGRESS, "status", "last.pt")):
+        print(f"error: {folder} holds no chain's files (chain.json, progress.json, status, last.pt): give the "
+              "CKPT_DIR the jobs were submitted with", file=sys.stderr)
+        return 2
+    state = chain_status(args.ckpt_dir)
+    print(json.dumps(state, indent=1) if args.json else "\n".join(lines(state)))
+    return 0
+
+
+def job_id(environ: Mapping[str, str]) -> str | None:
+    """This process's scheduler job id, for progress.json ("1234.pbs1", Slurm's, Grid Engine's)."""
+    return next((environ[v] for v in ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID") if environ.get(v)), None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
