@@ -118,7 +118,8 @@ def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, 
                          optimizer=resume.OptimizerState(built, this_runs_win=scheduler is None),
                          scheduler=resume.UserScheduler(schedule) if scheduler is not None else
                          resume.ScheduleState(schedule, position), position=position, state=state,
-                         data=batches if isinstance(batches, Stream) else None)
+                         data=batches if isinstance(batches, Stream) else None,
+                         compression=plan.compression if plan.compression and plan.compression.state else None)
     parts.register(checkpoints)
     if snapshot is not None:
         _resume(snapshot, resumed_from, checkpoints, parts, config, launch, plan, watchdog, batches)

@@ -1,13 +1,13 @@
 """Checkpoint files: atomic writes of DIR/last.pt (the ones before kept as DIR/prev.pt,
-DIR/prev2.pt, ... with --keep), validated weights_only loads, and DIR/status.
+DIR/prev2.pt, ... with --keep), validated weights_only loads. (DIR/status: jobs.py.)
 
 Format (other tools read these keys): model, optimizer, scaler, scheduler, epoch, step,
 world_size, config, plus for exact resume: batch_in_epoch, global_batch, train_items,
 rng (rank 0's generators), rng_per_rank, and format = FORMAT; with fit(state=...) one key
-`state/NAME` per object (and `state/NAME_per_rank` where the ranks' values differ), with a
-stream, `data_per_rank`. Checkpoints of earlier versions of this format (with a
-sampler_epoch key, without train_items or rng_per_rank) still load. What writes them, when:
-checkpoint_manager.py.
+`state/NAME` per object (and `state/NAME_per_rank` where the ranks' values differ); with a
+stream, `data_per_rank`; with --grad-compression powersgd, `grad_compression_per_rank`.
+Checkpoints of earlier versions of this format (with a sampler_epoch key, without
+train_items or rng_per_rank) still load. What writes them, when: checkpoint_manager.py.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_si
 # of the format lacked; and the keys some hold: a stream's position, fit(state=...)'s objects
 # (NAME their names). docs/reliability.md documents each.
 KEYS = (*REQUIRED, "train_items", "rng_per_rank", "scheduler", "gradients")
-OPTIONAL_KEYS = ("data", "data_per_rank", "state/NAME", "state/NAME_per_rank")
+OPTIONAL_KEYS = ("data", "data_per_rank", "state/NAME", "state/NAME_per_rank", "grad_compression",
+                 "grad_compression_per_rank")
 
 
 class CheckpointError(UsageError):

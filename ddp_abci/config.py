@@ -15,6 +15,7 @@ from .options import check_fields, option, setting
 # precision.py, schedule.py and parallel/mpi_hook.py check theirs from here.
 AMP_CHOICES = ("auto", "no", "fp16", "bf16")
 COMM_CHOICES = ("auto", "mpi", "gloo", "nccl")
+COMPRESSION_CHOICES = ("none", "fp16", "bf16", "powersgd")
 SCHEDULE_CHOICES = ("constant", "cosine")
 SPLIT_CHOICES = ("strided", "contiguous")
 # A stop signal is acted on at the next check: at most this many steps, i.e. seconds even
@@ -86,6 +87,15 @@ class TrainConfig:
     comm: str = option("auto", "gradient all-reduce: auto (NCCL on GPUs; on the CPU under mpirun MPI, or gloo where "
                                "it all-reduces the model's gradient clearly faster, measured at the start; else "
                                "gloo), mpi, gloo or nccl", choices=COMM_CHOICES)
+    grad_compression: str = option("none", "send fewer bytes in the gradient all-reduce, through torch's DDP "
+                                           "communication hooks (Accelerate's comm_hook): fp16 or bf16 (half the "
+                                           "bytes), powersgd (a low-rank approximation with error feedback, its state "
+                                           "saved in the checkpoint); on gloo or NCCL, not --comm mpi",
+                                   choices=COMPRESSION_CHOICES)
+    powersgd_rank: int = option(1, "PowerSGD's matrix approximation rank (higher: closer to the full gradient, more "
+                                   "bytes)", low=1, high=1024)
+    powersgd_warmup_steps: int = option(1000, "steps of plain all-reduce before PowerSGD starts (torch's "
+                                              "start_powerSGD_iter; at least 2)", low=2)
     find_unused_parameters: bool = option(False, "let DDP skip parameters that get no gradient in a step (a layer "
                                                  "used on some steps or ranks only); costs a graph walk a step")
     sync_batchnorm: bool = option(False, "BatchNorm statistics over all ranks' batches (SyncBatchNorm, GPUs only); "

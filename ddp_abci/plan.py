@@ -10,11 +10,11 @@ from typing import Any, Callable
 
 import torch
 
-from .config import COMM_CHOICES, TrainConfig, name
+from .config import COMM_CHOICES, COMPRESSION_CHOICES, TrainConfig, name
 from .data import per_rank_batch
 from .errors import UsageError
 from .options import check_choice
-from .parallel.gradients import GradientPath, gradient_path
+from .parallel.gradients import Compression, GradientPath, gradient_path
 from .parallel.launch import Launch
 from .precision import resolve_precision
 from .training_set import TrainingSet, training_set
@@ -28,10 +28,12 @@ class RunPlan:
     per_rank_batch: int    # --bs split over the ranks
     data: TrainingSet | None  # what is trained on, and how it is read (None: planned without one)
 
+    compression: Compression | None = None  # --grad-compression's hook and state, or None
+
     def gradients(self) -> GradientPath | None:
         """The chosen path as the loop uses it (DDP's hook, the control all-reduce); None
         while it is to be measured (parallel/gradients.measure_and_choose)."""
-        return None if self.comm == "measure" else gradient_path(self.comm)
+        return None if self.comm == "measure" else gradient_path(self.comm, self.compression)
 
 
 def plan_run(config: TrainConfig, launch: Launch, device: torch.device, train_set: Any = None,
@@ -43,21 +45,29 @@ def plan_run(config: TrainConfig, launch: Launch, device: torch.device, train_se
         # is open (nn/modules/batchnorm.py), even on one rank.
         raise UsageError(f"{name('sync_batchnorm')} needs GPUs: torch's SyncBatchNorm refuses CPU tensors; on the "
                          "CPU leave it off (rank 0's BatchNorm statistics are shared before each evaluation and save)")
+    check_choice(name("grad_compression"), config.grad_compression, COMPRESSION_CHOICES)
+    compressed = config.grad_compression != "none"
     return RunPlan(device=device, precision=resolve_precision(config.amp, device),
-                   comm=resolve_comm(config.comm, launch, device),
+                   comm=resolve_comm(config.comm, launch, device, compressed),
+                   compression=Compression(config.grad_compression, config.powersgd_rank,
+                                           config.powersgd_warmup_steps) if compressed else None,
                    per_rank_batch=per_rank_batch(config.global_batch, launch.world_size),
                    data=None if train_set is None else training_set(train_set, config, collate_fn, device,
                                                                     launch.world_size))
 
 
-def resolve_comm(comm: str, launch: Launch, device: torch.device) -> str:
+def resolve_comm(comm: str, launch: Launch, device: torch.device, compressed: bool = False) -> str:
     """auto: NCCL on GPUs; on the CPU, gloo, or when MPI joins the ranks too (mpirun with
-    mpi4py), "measure": MPI, or gloo where it all-reduces the model's gradient clearly faster."""
+    mpi4py), "measure": MPI, or gloo where it all-reduces the model's gradient clearly faster.
+    Compressed gradients go through the backend's hooks: gloo or NCCL."""
     check_choice(name("comm"), comm, COMM_CHOICES)
+    if compressed and comm == "mpi":
+        raise UsageError(f"{name('grad_compression')} runs on torch's DDP communication hooks, which MPI's path "
+                         "replaces: use comm='gloo' (--comm gloo) on the CPU, or 'nccl' (--comm nccl) on GPUs")
     if comm == "auto":
         if device.type == "cuda":
             return "nccl"
-        return "measure" if launch.mpi and launch.world_size > 1 else "gloo"
+        return "measure" if launch.mpi and launch.world_size > 1 and not compressed else "gloo"
     if comm == "mpi" and (device.type != "cpu" or not launch.mpi):
         raise UsageError(f"{name('comm')} mpi needs a CPU job started by mpirun with mpi4py; use comm='auto'")
     if comm == "nccl" and device.type != "cuda":

@@ -28,7 +28,7 @@ from .config import TrainConfig, name
 
 HYPER = ("lr", "betas", "momentum", "weight_decay", "eps")  # named in the resume line when changed
 RUN_HYPER = (("clip_norm", "--clip-norm"), ("schedule", "--schedule"), ("warmup_steps", "--warmup-steps"),
-             ("epochs", "--epochs"), ("max_steps", "--max-steps"))
+             ("epochs", "--epochs"), ("max_steps", "--max-steps"), ("grad_compression", "--grad-compression"))
 
 
 class OptimizerState:
@@ -168,6 +168,7 @@ class Parts:
     position: Position
     state: dict[str, Any]      # fit(state=...): each object's own state_dict
     data: Any = None           # a stream's position (streams.Stream), per rank
+    compression: Any = None    # --grad-compression powersgd's state (gradients.Compression), per rank
 
     def register(self, manager: Any) -> None:
         """One part a line."""
@@ -181,6 +182,8 @@ class Parts:
             manager.add(f"state/{key}", obj, per_rank="auto")
         if self.data is not None:
             manager.add("data", self.data, per_rank=True)
+        if self.compression is not None:
+            manager.add("grad_compression", self.compression, per_rank=True)
 
 
 def changed_run_settings(saved_config: dict, config: Any) -> list[str]:
