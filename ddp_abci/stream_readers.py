@@ -102,7 +102,7 @@ class Reader:
         return None
 
     def order_key(self) -> Any:
-        """What fixes the order (a seed), kept in the checkpoint and compared on resume."""
+        """What fixes the order (plain data: its seeds), kept in the checkpoint and compared on resume."""
         return None
 
     # -- a DataLoader worker (or the main process without workers) -------------------------
@@ -222,7 +222,9 @@ class WebDataset(Reader):
         return None
 
     def order_key(self) -> Any:
-        return getattr(self.dataset, "seed", None)  # WebDataset(seed=None) draws one per process
+        # WebDataset(seed=None) draws a seed per process, which orders only the stages that shuffle.
+        seeds = [seed for reorders, seed in map(_shuffle_stage, self.dataset.pipeline) if reorders]
+        return seeds or None
 
 
 class _NodeSplit:
@@ -240,10 +242,22 @@ def _is_shard_list(stage: Any) -> bool:
     return type(stage).__name__ in ("SimpleShardList", "ResampledShards", "MultiShardSample")
 
 
+def _shuffle_stage(stage: Any) -> tuple[bool, Any]:
+    """Whether a pipeline stage reorders the stream, and the seed it draws the order from:
+    webdataset's shuffle(bufsize) and detshuffle(bufsize) reorder with a buffer of 2 or more
+    (WebDataset(shardshuffle=False) adds shuffle(False), which does not)."""
+    if getattr(getattr(stage, "f", None), "__name__", "") == "_shuffle":
+        size = stage.args[0] if stage.args else stage.kw.get("bufsize", 1000)
+        return bool(size) and size >= 2, stage.kw.get("seed")
+    if type(stage).__name__ == "detshuffle":
+        return stage.bufsize >= 2, stage.seed
+    return False, None
+
+
 def _unseeded_shuffle(stage: Any) -> bool:
-    """A FilterFunction of webdataset.filters.shuffle with neither seed nor rng."""
-    f, kw = getattr(stage, "f", None), getattr(stage, "kw", {})
-    return getattr(f, "__name__", "") == "_shuffle" and kw.get("seed") is None and kw.get("rng") is None
+    """A webdataset shuffle stage that reorders with neither seed nor rng."""
+    reorders, seed = _shuffle_stage(stage)
+    return reorders and seed is None and getattr(stage, "kw", {}).get("rng") is None
 
 
 class LitData(Reader):
@@ -290,8 +304,9 @@ class LitData(Reader):
 
 class MosaicML(Reader):
     """streaming.StreamingDataset (MosaicML): it deals samples out by rank and worker itself,
-    from the world it read when built (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE: set them before
-    building it, ddp_abci.rank_variables()), in batches of its batch_size. Its position is the
+    from the world it read when built (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, and MASTER_ADDR and
+    MASTER_PORT for the process group it opens for a moment: set them before building it,
+    ddp_abci.rank_variables(discover_launch())), in batches of its batch_size. Its position is the
     samples every rank consumed in the epoch, loaded before each epoch, which also keeps its
     epoch counter to the trainer's; on resume it deals the rest out from worker 0 again."""
 
@@ -307,7 +322,7 @@ class MosaicML(Reader):
             raise UsageError(f"the MosaicML StreamingDataset was built for rank {world.rank} of {world.num_ranks}, "
                              f"this is rank {self.rank} of {self.world_size}: it reads RANK, WORLD_SIZE, LOCAL_RANK "
                              "and LOCAL_WORLD_SIZE when built; set them first: "
-                             "os.environ.update(ddp_abci.rank_variables())")
+                             "os.environ.update(ddp_abci.rank_variables(ddp_abci.discover_launch()))")
         size = self.dataset.batch_size
         if size is None:
             self.dataset.batch_size = self.batch_size  # it deals whole batches to each worker

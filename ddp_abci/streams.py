@@ -192,8 +192,8 @@ class Stream:
                              "checkpoint at an epoch's end")
         key = self.reader.order_key()
         if state["trained"] and state.get("order_key", key) != key:
-            raise UsageError(f"the checkpoint's stream position is mid-epoch in an order drawn from seed "
-                             f"{state['order_key']!r}, this run's {self.reader.kind} draws seed {key!r} (no seed was "
+            raise UsageError(f"the checkpoint's stream position is mid-epoch in an order drawn from seed(s) "
+                             f"{state['order_key']!r}, this run's {self.reader.kind} draws {key!r} (no seed was "
                              "given, so each process draws its own): the resume would replay other items; pass "
                              "seed= to it (and resume from an epoch's end), or start afresh")
         self.resume_at = state

@@ -57,8 +57,7 @@ def litdata():
 
 
 def mosaic():
-    sys.path.insert(0, str(Path(__file__).parent))
-    from mosaic_import import mosaic
+    from ddp_abci.compare.corpus import mosaic
 
     os.environ.update(rank_variables(discover_launch()))  # MosaicML reads RANK, WORLD_SIZE, ... when built
     return mosaic().StreamingDataset(local=str(corpus / "mds"), shuffle=True, shuffle_seed=5)

@@ -31,6 +31,15 @@ def corpus(tmp_path_factory) -> Path:
     return out
 
 
+def test_the_recipes_in_docs_data_md_run_as_written_and_train_their_epoch(corpus, tmp_path):
+    proc = run(on_ranks(2, "tests/data_recipes_script.py", str(corpus), str(tmp_path)), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    recipes = json.loads((tmp_path / "recipes-r0.json").read_text())
+    assert len(recipes) == 5
+    for recipe in recipes:
+        assert recipe["status"] == 0 and "epoch 1/1" in recipe["printed"], recipe["recipe"] + recipe["printed"]
+
+
 def _launch(corpus: Path, out: Path, cases: list[str], timeout: float) -> subprocess.CompletedProcess:
     specs = [f"{case}:{workers}" for workers in WORKERS for case in cases]
     return run(on_ranks(2, "tests/data_libraries_script.py", str(corpus), str(out), *specs), timeout=timeout)

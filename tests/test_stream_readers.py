@@ -61,6 +61,17 @@ def test_a_webdataset_pipeline_gets_this_ranks_split_of_its_shard_list_in_place_
     assert urls == ["1.tar", "3.tar", "5.tar"] and webdataset.shardlists.single_node_only in pipeline.pipeline
 
 
+def test_a_webdataset_order_is_keyed_by_the_seeds_of_the_stages_that_shuffle_only():
+    import webdataset
+
+    def key(**kw):  # each WebDataset draws a seed of its own when given none, as in a new process
+        return reader_for(webdataset.WebDataset(["a.tar", "b.tar"], **kw), 0, 2, 5, 0).order_key()
+
+    assert key(shardshuffle=False) is None and key(shardshuffle=False) is None
+    assert key(shardshuffle=100, seed=5) == key(shardshuffle=100, seed=5) == [5]
+    assert key(shardshuffle=100) != key(shardshuffle=100)
+
+
 def test_a_hugging_face_stream_split_for_another_rank_is_refused_naming_the_fix():
     import datasets
     from datasets.distributed import split_dataset_by_node
