@@ -12,7 +12,7 @@ signals, and call these at three points; scripts/submit.sh calls `plan` before i
                                                               after mpirun: prints the job's status
     python -m ddp_abci.jobs record DIR STATUS LINE             the job's own record (no run made one)
     python -m ddp_abci.jobs explain STATUS --job N             what the status means for the next step
-    python -m ddp_abci.jobs chain DIR --site S IDS...          DIR/chain.json, for python -m ddp_abci.status
+    python -m ddp_abci.jobs chain --site S DIR IDS...          DIR/chain.json, for python -m ddp_abci.status
     python -m ddp_abci.jobs plan SITE --walltime T --nodes N --per-node P --jobs C -- TRAINER ARGS
                                                               submit.sh's checks, as shell assignments
 

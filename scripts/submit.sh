@@ -174,7 +174,7 @@ for i in $(seq 1 "$chain"); do
 done
 # The run's chain, where `python -m ddp_abci.status CKPT_DIR` finds it (ddp_abci/jobs.py).
 if [ -z "${DRY_RUN:-}" ] && [ -n "${CKPT_DIR:-}" ]; then
-    jobs_py chain "$CKPT_DIR" --site "$site" --node-hours "$node_hours" --walltime-s "$limit" "${ids[@]}" || true
+    jobs_py chain --site "$site" --node-hours "$node_hours" --walltime-s "$limit" "$CKPT_DIR" "${ids[@]}" || true
 fi
 if [ -n "${DRY_RUN:-}" ]; then
     echo "# $envfile (not written: DRY_RUN):"

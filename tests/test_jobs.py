@@ -165,7 +165,8 @@ def test_the_chains_rules_and_its_status_load_no_torch_for_a_login_node(tmp_path
 def test_the_status_says_each_job_the_step_the_time_left_and_the_last_end(tmp_path):
     from ddp_abci import status
 
-    jobs.write_chain(str(tmp_path), "abci3", ["11.pbs1", "12.pbs1", "13.pbs1"], "36", 43200)
+    assert jobs.main(["chain", "--site", "abci3", "--node-hours", "36", "--walltime-s", "43200", str(tmp_path),
+                      "11.pbs1", "12.pbs1", "13.pbs1"]) == 0  # as submit.sh writes it
     (tmp_path / "progress.json").write_text('{"step": 3000, "total_steps": 9000, "samples_per_s": 512.0, '
                                             '"steps_per_s": 2.0, "job": "12.pbs1", "unix": 1000.0}')
     status_file(tmp_path, status=75, line="stopped on the --stop-after deadline", chain="c1")
