@@ -132,8 +132,9 @@ def _train(config: TrainConfig, stop: StopRequest, meeting: dict, parts: dict) -
         import torch.distributed as dist
 
         from .parallel.launch import discover_launch
+        from .parallel.phases import peer_lost
         from .parallel.process_group import choose_device, distributed
-        from .parallel.watchdog import end_job, peer_lost
+        from .parallel.watchdog import end_job
         from .plan import plan_run
         from .seed_job import complete
         from .trainer import Trainer

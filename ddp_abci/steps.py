@@ -18,7 +18,7 @@ import torch
 from .config import turn_on
 from .data import CollateFailed, batch_len, to_device
 from .errors import RankFailed, one_line
-from .parallel.watchdog import peer_lost, timed_out
+from .parallel.phases import peer_lost, timed_out
 from .preflight import UNUSED_ADVICE
 from .stream_readers import reading_failure
 

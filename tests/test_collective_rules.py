@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from ddp_abci.parallel.diagnosis import Seen
 from ddp_abci.parallel.launch import Launch
-from ddp_abci.parallel.watchdog import EXIT_RANK_LOST, Seen, Watchdog, peer_lost
+from ddp_abci.parallel.watchdog import EXIT_RANK_LOST, Watchdog, peer_lost
 from helpers import on_ranks, run
 
 
@@ -85,17 +86,14 @@ def test_local_work_is_not_timed_however_long():
     assert ended == []
 
 
-def test_the_diagnosis_tells_a_frozen_rank_from_a_busy_one_and_from_a_disagreement():
+def test_the_watchdogs_line_is_the_diagnosis_of_the_heartbeats_it_read():
     watchdog, _ = _watchdog(timeout_s=10)
     now, beat = time.monotonic(), {"seq": 1, "step": 7, "host": "node2", "phase_s": 3.0, "wall": time.time()}
-    entry = ("stop agreement", True, now - 12)
-    watchdog.seen = {1: Seen(dict(beat, phase="gradient all-reduce", collective=True), now - 60)}
-    assert "rank 1 (host node2) stopped answering at step 7" in watchdog.diagnose(entry)
-    watchdog.seen = {1: Seen(dict(beat, phase="loss_fn", collective=False), now)}
-    assert "rank 1 (host node2) is alive but never reached the collective" in watchdog.diagnose(entry)
-    watchdog.seen = {1: Seen(dict(beat, phase="checkpoint save", collective=True), now)}
-    line = watchdog.diagnose(entry)
-    assert "alive but disagree" in line and "rank 1 in the checkpoint save at step 7" in line
+    watchdog.heartbeat.seen[1] = Seen(dict(beat, phase="gradient all-reduce", collective=True), now - 60)
+    line = watchdog.diagnose(("stop agreement", True, now - 12), {0: "in loss_fn at train.py:42"})
+    assert line.startswith("rank 1 (host node2) stopped answering at step 7") and "waited 12 s in the stop agreement" \
+        in line  # the verdicts themselves: test_diagnosis.py
+    assert "where each live rank is: rank 0 in loss_fn at train.py:42" in line and "the job ends (exit 69)" in line
 
 
 def test_a_thread_that_finds_its_own_process_was_paused_judges_no_one():
