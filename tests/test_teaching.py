@@ -328,6 +328,38 @@ def test_end_training(facts):
     assert facts["group_after_close"] == [False, False]  # raw: distributed() destroys the group on exit
 
 
+class Registers:
+    """Stands in for the DDP object: keeps what register_comm_hook was given."""
+
+    def __init__(self):
+        self.module = torch.nn.Linear(2, 2)
+
+    def register_comm_hook(self, state, hook):
+        self.state, self.hook = state, hook
+
+
+def test_comm_hook_registers_torchs_compression_hook():
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    from ddp_abci.parallel.gradients import Compression, gradient_path
+
+    for kind, theirs, hook in (("powersgd", DDPCommunicationHookType.POWER_SGD, powerSGD_hook.powerSGD_hook),
+                               ("fp16", DDPCommunicationHookType.FP16, default_hooks.fp16_compress_hook),
+                               ("bf16", DDPCommunicationHookType.BF16, default_hooks.bf16_compress_hook)):
+        accelerate_ddp, raw_ddp = Registers(), Registers()
+        DistributedDataParallelKwargs(comm_hook=theirs).register_comm_hook(accelerate_ddp)  # what prepare() calls
+        gradient_path("gloo", Compression(kind)).register(raw_ddp)
+        assert accelerate_ddp.hook is hook and raw_ddp.state.compression.hook is hook  # the same torch hook
+    # PowerSGD with torch's defaults in both: rank 1, compressing from step 1,000 on
+    assert (accelerate_ddp.state is None) and raw_ddp.state.compression.state is None  # bf16: stateless
+    DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.POWER_SGD).register_comm_hook(accelerate_ddp)
+    theirs, ours = accelerate_ddp.state, Compression("powersgd").state
+    assert (theirs.matrix_approximation_rank, theirs.start_powerSGD_iter) == (ours.matrix_approximation_rank,
+                                                                             ours.start_powerSGD_iter) == (1, 1000)
+    assert set(Compression("powersgd").state_dict()) >= {"iter", "error", "p_memory", "q_memory", "rng"}
+
+
 # -- the rows a learner trips over ------------------------------------------------------------
 
 def test_the_prepared_scheduler_steps_num_processes_times_per_optimizer_step(facts):

@@ -196,12 +196,20 @@ def _network_devices() -> set[str]:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and tc need root")
-def test_a_link_run_measures_each_gradient_path_across_shaped_hosts_and_leaves_nothing_behind(tmp_path, mpirun):
+def test_a_link_run_measures_each_gradient_path_and_compression_across_shaped_hosts(tmp_path, mpirun):
     before = _network_devices()
-    proc, report = bench(tmp_path, *BENCH_SMALL, "--link", "100mbit", "--max-steps", "30", sides="raw,textbook")
+    proc, report = bench(tmp_path, *BENCH_SMALL, "--link", "100mbit", "--max-steps", "30", "--compression", "powersgd",
+                         sides="raw,textbook")
     assert proc.returncode == 0, proc.stdout
     link = report["link"]
-    assert link["rate"] == "100mbit" and set(link["sides"]) == {"raw", "textbook", "raw mpi", "raw gloo"}
+    assert link["rate"] == "100mbit" and set(link["sides"]) == {"raw", "textbook", "raw mpi", "raw gloo",
+                                                                "raw powersgd", "accelerate powersgd"}
+    # raw with PowerSGD against the default peers, against Accelerate given the same hook, and
+    # its loss against uncompressed raw's: each figure there (their values: docs/benchmark.md)
+    assert {"throughput raw powersgd / best default peer", "throughput raw powersgd / accelerate powersgd",
+            "final loss raw powersgd / raw"} <= set(link["ratios"])
+    assert link["sides"]["accelerate powersgd"]["steps"] == link["sides"]["raw powersgd"]["steps"] == \
+        link["sides"]["raw"]["steps"]
     assert set(link["overlap"]) == {"raw", "raw mpi", "raw gloo"}
     assert link["allreduce_alone"]["mpi_ms"] > 0 and link["allreduce_alone"]["gloo_ms"] > 0
     # --comm auto measured both paths across the link at the run's start and took the one its

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import sys
 import time
@@ -41,17 +42,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(p, SeedJob, only=("num_items", "dim_in", "dim_hidden"))
     p.add_argument("--as-written", action="store_true",
                    help="Accelerator(split_batches=True) exactly as the seed wrote it (ignored by Accelerate 1.x)")
+    p.add_argument("--comm-hook", choices=COMM_HOOKS, default="no",
+                   help="DistributedDataParallelKwargs(comm_hook=...): torch's compression hook (default no)")
+    p.add_argument("--comm-state-option", type=json.loads, default={}, metavar="JSON",
+                   help="its comm_state_option: PowerSGDState's keywords, e.g. "
+                        "'{\"matrix_approximation_rank\": 1, \"start_powerSGD_iter\": 2}'")
     return p
+
+
+# DDPCommunicationHookType's values, as --comm-hook takes them.
+COMM_HOOKS = ("no", "fp16", "bf16", "power_sgd", "batched_power_sgd")
 
 
 # The flags every peer of the raw trainer takes (the benchmark passes them to each side).
 SHARED_FLAGS = ("epochs", "global_batch", "lr", "amp", "seed", "workers", "max_steps", "summary_json", "save_model")
 
 
-def make_accelerator(amp: str, as_written: bool, seed: int = 0):
-    """The seed's Accelerator(...), with the two Accelerate 1.x facts made explicit."""
+def make_accelerator(amp: str, as_written: bool, seed: int = 0, comm_hook: str = "no",
+                     comm_state_option: dict | None = None):
+    """The seed's Accelerator(...), with the two Accelerate 1.x facts made explicit, and the
+    DDP communication hook asked for as Accelerate's users ask for it."""
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
     launched = launched_world_size()
     if launched > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
@@ -60,12 +73,14 @@ def make_accelerator(amp: str, as_written: bool, seed: int = 0):
                          "MASTER_ADDR=<rank 0's host> -x MASTER_PORT=<free port>, as the seed's job script does")
     # cpu=True is what makes Accelerate read Open MPI's variables on a CPU-only machine.
     cpu = not torch.cuda.is_available()
+    handlers = [DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType(comm_hook),
+                                              comm_state_option=comm_state_option or {})]
     if as_written:
-        accelerator = Accelerator(mixed_precision=amp, split_batches=True, cpu=cpu)
+        accelerator = Accelerator(mixed_precision=amp, split_batches=True, cpu=cpu, kwargs_handlers=handlers)
     else:
         # use_seedable_sampler: the shuffle is a randperm seeded with data_seed + epoch, as
         # DistributedSampler's is, so the raw trainer sees the same global batches (issue 13).
-        accelerator = Accelerator(mixed_precision=amp, cpu=cpu,
+        accelerator = Accelerator(mixed_precision=amp, cpu=cpu, kwargs_handlers=handlers,
                                   dataloader_config=DataLoaderConfiguration(split_batches=True,
                                                                             use_seedable_sampler=True, data_seed=seed))
     if accelerator.num_processes != launched:
@@ -94,7 +109,8 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
     from ..model import build_model, rmse_loss
 
     clock = SideClock(process_started or time.time())
-    accelerator = make_accelerator(args.amp, args.as_written, args.seed)  # opens the process group
+    accelerator = make_accelerator(args.amp, args.as_written, args.seed, args.comm_hook,
+                                   args.comm_state_option)  # opens the process group
     clock.mark("group")
     world = accelerator.num_processes
     split = accelerator.split_batches  # what Accelerate will really do, not what was asked
@@ -141,6 +157,7 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
 
         write(args.summary_json, clock.summary("accelerate", world, global_batch, args.amp, steps, loss_mean, peaks,
                                                split_batches=split, device=str(accelerator.device),
+                                               comm_hook=args.comm_hook,
                                                torch=torch.__version__, accelerate=accelerate.__version__))
     if args.save_model:
         accelerator.save(accelerator.unwrap_model(model).state_dict(), args.save_model)  # main process only

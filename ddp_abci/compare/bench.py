@@ -266,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link", default="", metavar="RATE[,DELAY]",
                    help="also run the sides across two network-namespace hosts whose link tc shapes, e.g. "
                         "1gbit,0.5ms (root; JSON key link)")
+    p.add_argument("--compression", default="", metavar="KIND,...",
+                   help="with --link: also run raw with --grad-compression KIND and Accelerate with the same "
+                        "comm_hook, for each of powersgd, fp16, bf16 (JSON key link)")
+    p.add_argument("--powersgd-rank", type=int, default=1, help="PowerSGD's rank on both sides (default 1)")
+    p.add_argument("--powersgd-warmup-steps", type=int, default=2,
+                   help="steps all-reduced uncompressed before PowerSGD, on both sides (default 2)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sides", default="raw,accelerate,raw1",
                    help="comma list of raw, accelerate, raw1 (raw on 1 rank), fabric (Lightning Fabric), textbook "
@@ -352,6 +358,12 @@ def run_probes(args: argparse.Namespace, lockstep_rounds: list[dict], ddp_rounds
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.raw_args, args.mpirun_args = args.raw_args.split(), args.mpirun_args.split()
+    args.compression = [k for k in args.compression.split(",") if k]
+    wrong = [k for k in args.compression if k not in ("powersgd", "fp16", "bf16")]
+    if wrong or (args.compression and not args.link):
+        print(f"error: --compression {','.join(args.compression)}: give powersgd, fp16 or bf16, with --link",
+              file=sys.stderr)
+        return 2
     sides = [s for s in args.sides.split(",") if s]
     unknown = [s for s in sides if s not in SIDES]
     if unknown:

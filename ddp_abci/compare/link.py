@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 import sys
 import tempfile
@@ -35,13 +36,14 @@ def run_link(args: argparse.Namespace, sides: list[str], run_side, summarise, ra
                           "ppr:1:node", "--bind-to", "none", "-x", "PATH", "-x", "OMP_NUM_THREADS=1"]
         at.wrap = lambda cmd: lab.as_host("hosta", cmd)
         named = [s for s in sides if s != "raw1"]
-        forced = {"raw mpi": ("--comm", "mpi"), "raw gloo": ("--comm", "gloo")}
+        forced = {"raw mpi": ("raw", ("--comm", "mpi")), "raw gloo": ("raw", ("--comm", "gloo")),
+                  **compressed_sides(args)}
         everyone = [*named, *forced]
         runs: dict[str, list[dict]] = {s: [] for s in everyone}
         for round_ in range(args.rounds):
             for side in everyone if round_ % 2 == 0 else reversed(everyone):
-                runs[side].append(run_side("raw" if side in forced else side, at, Path(tmp), round_,
-                                           forced.get(side, ())))
+                base, extra = forced.get(side, (side, ()))
+                runs[side].append(run_side(base, at, Path(tmp), round_, extra))
         alone = probe(at.wrap([*mpirun_prefix(at, 2), sys.executable, "-m", "ddp_abci.compare.probes", "allreduce",
                                "--iters", "10", "--dim-in", str(args.dim_in), "--dim-hidden", str(args.dim_hidden)]),
                       args.timeout)
@@ -50,6 +52,7 @@ def run_link(args: argparse.Namespace, sides: list[str], run_side, summarise, ra
     gloo, mpi = results.get("raw gloo", {}), results.get("raw mpi", {})
     if "samples_per_s" in gloo and "samples_per_s" in mpi:
         shown["throughput raw (MPI hook) / raw through gloo"] = mpi["samples_per_s"] / gloo["samples_per_s"]
+    shown.update(compression_ratios(results, args.compression))
     chosen = [r.get("gradients") for r in runs.get("raw", []) if not r.get("failed")]
     measured = [r.get("gradients_measured_ms") for r in runs.get("raw", []) if not r.get("failed")]
     overlap = {side: _overlap(runs[side], alone.get(f"{path}_ms"))
@@ -72,3 +75,40 @@ def _overlap(runs: list[dict], alone_ms: float | None) -> dict | None:
     exposed = max(0.0, step_ms - compute_ms)
     return {"step_ms": round(step_ms, 3), "compute_ms": round(compute_ms, 3), "exposed_ms": round(exposed, 3),
             "allreduce_alone_ms": round(alone_ms, 3), "overlap": round(max(0.0, 1 - exposed / alone_ms), 3)}
+
+
+PEER_HOOKS = {"powersgd": "power_sgd", "fp16": "fp16", "bf16": "bf16"}  # Accelerate's DDPCommunicationHookType
+
+
+def compressed_sides(args: argparse.Namespace) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """--compression's sides: the raw trainer with each (`raw powersgd`, ...), and Accelerate
+    given the same hook with the same PowerSGD settings (`accelerate powersgd`, ...)."""
+    sides: dict[str, tuple[str, tuple[str, ...]]] = {}
+    powersgd = ("--powersgd-rank", str(args.powersgd_rank), "--powersgd-warmup-steps", str(args.powersgd_warmup_steps))
+    option = json.dumps({"matrix_approximation_rank": args.powersgd_rank,
+                         "start_powerSGD_iter": args.powersgd_warmup_steps})
+    for kind in args.compression:
+        sides[f"raw {kind}"] = ("raw", ("--grad-compression", kind, *(powersgd if kind == "powersgd" else ())))
+        sides[f"accelerate {kind}"] = ("accelerate", ("--comm-hook", PEER_HOOKS[kind],
+                                                      *(("--comm-state-option", option) if kind == "powersgd" else ())))
+    return sides
+
+
+def compression_ratios(results: dict, kinds: list[str]) -> dict[str, float]:
+    """Each compressed raw side against the best peer as it runs by default, against Accelerate
+    given the same hook, and its final loss against uncompressed raw's after the same steps."""
+    def rate(side: str) -> float | None:
+        return results.get(side, {}).get("samples_per_s")
+
+    peers = [rate(p) for p in ("accelerate", "fabric", "textbook") if rate(p)]
+    out: dict[str, float] = {}
+    for kind in kinds:
+        raw = rate(f"raw {kind}")
+        if raw and peers:
+            out[f"throughput raw {kind} / best default peer"] = raw / max(peers)
+        if raw and rate(f"accelerate {kind}"):
+            out[f"throughput raw {kind} / accelerate {kind}"] = raw / rate(f"accelerate {kind}")
+        plain, lossy = results.get("raw", {}).get("final_loss"), results.get(f"raw {kind}", {}).get("final_loss")
+        if plain and lossy is not None:
+            out[f"final loss raw {kind} / raw"] = lossy / plain
+    return out
