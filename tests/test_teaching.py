@@ -17,7 +17,7 @@ from ddp_abci.assembly import seed_everything
 from ddp_abci.config import TrainConfig
 from ddp_abci.data import BatchedView, LinspaceDataset, ShardBatchSampler, batch_fetcher, build_loader, iterate
 from ddp_abci.errors import UsageError
-from ddp_abci.model import seed_optimizer, wrap_model
+from ddp_abci.model import autoencoder_optimizer, wrap_model
 from ddp_abci.parallel.collectives import check_replicas_agree, gather_for_metrics  # noqa: F401  (rows name them)
 from ddp_abci.parallel.launch import Launch
 from ddp_abci.parallel.process_group import cpu_threads
@@ -416,6 +416,21 @@ def test_a_short_last_accumulation_group(make):
     assert theirs / ours == pytest.approx(0.5)
 
 
+
+def test_comm_hook_power_sgd_on_gloo_aborts_a_model_of_two_buckets(mpirun):
+    # 0.6 M parameters: two gradient buckets (DDP's first is 1 MiB). PowerSGD issues its later
+    # all-reduces from its futures' callbacks, which gloo runs as each finishes: the ranks' orders
+    # of the two buckets' collectives then differ, and gloo aborts.
+    model = ("--dim-in", "1000", "--dim-hidden", "300", "--max-steps", "8", "--num-items", "2000")
+    rendezvous = ("-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port('127.0.0.1')}")
+    theirs = run(on_ranks(2, "-m", "ddp_abci.compare.accelerate_env", os.sys.executable, "-m",
+                          "ddp_abci.compare.accelerate_variant", *model, "--comm-hook", "power_sgd",
+                          "--comm-state-option", '{"start_powerSGD_iter": 2}', mpirun_args=rendezvous))
+    assert theirs.returncode != 0 and "Received data size doesn't match expected size" in theirs.stdout
+    ours = run(on_ranks(2, "-m", "ddp_abci.train", *model, "--grad-compression", "powersgd",
+                        "--powersgd-warmup-steps", "2"))
+    assert ours.returncode == 0 and "done: 8 steps" in ours.stdout, ours.stdout  # each bucket in turn
+
 # -- where raw's speed-up comes from: each a switch of the trainer ------------------------------
 
 def test_gradients_through_mpi_instead_of_gloo():
@@ -426,8 +441,8 @@ def test_gradients_through_mpi_instead_of_gloo():
 
 def test_the_fused_adam():
     params = [torch.nn.Parameter(torch.ones(2))]
-    assert seed_optimizer(1e-3, (0.0, 0.99))(params).defaults["fused"] is True
-    assert not seed_optimizer(1e-3, (0.0, 0.99), fused=False)(params).defaults["fused"]  # --no-fused-adam
+    assert autoencoder_optimizer(1e-3, (0.0, 0.99))(params).defaults["fused"] is True
+    assert not autoencoder_optimizer(1e-3, (0.0, 0.99), fused=False)(params).defaults["fused"]  # --no-fused-adam
 
 
 def test_the_batched_fetch():

@@ -11,7 +11,6 @@ gloo to measure_and_choose, once the model's size is known; the loop only asks t
 in place of the plain all-reduce on the gloo and NCCL paths, timed as gloo's.
 """
 # No `from __future__ import annotations` here: DDP checks a hook's annotations as objects.
-import math
 import time
 from contextlib import nullcontext
 
@@ -47,6 +46,9 @@ class Compression:
         self.names: dict[int, str] = {}               # id(parameter) -> its name
         self.layouts: dict[int, tuple] = {}           # bucket index -> ((name, numel, rows, cols), ...)
         self.pieces: tuple[int, dict] | None = None   # (iteration, name -> its slices): the state split up
+        # PowerSGD: a bucket's collectives wait for the bucket before's (compressed_hook).
+        self.in_order = kind == "powersgd"
+        self.pending: torch.futures.Future | None = None
 
     def name_parameters(self, model: torch.nn.Module) -> None:
         self.names = {id(p): n for n, p in model.named_parameters()}
@@ -58,10 +60,17 @@ class Compression:
         index = bucket.index()
         layout = tuple((self.names[id(p)], g.numel(), *_matrix(g))
                        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True))
-        if self.layouts.get(index, layout) != layout:
+        if self.layouts.get(index) != layout:
             if self.pieces is None or self.pieces[0] != self.state.iter:  # once a step: before any bucket changed it
                 self.pieces = (self.state.iter, self._split())
             self._assemble(index, layout, self.pieces[1])
+            # Another bucket's state for these parameters is older now (DDP's first step in a
+            # process has one bucket where the rebuilt ones have two): dropped, or a later split
+            # would take it for theirs.
+            names = {entry[0] for entry in layout}
+            for other in [i for i, known in self.layouts.items() if i != index and names & {e[0] for e in known}]:
+                self._assemble(other, (), {})
+                del self.layouts[other]
         self.layouts[index] = layout
 
     def _packed(self, layout: tuple) -> list[tuple[str, int, int]]:
@@ -157,10 +166,21 @@ class GradientPath:
 
 
 def compressed_hook(path: GradientPath, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The compression's hook, its bucket's ready time noted (the straggler clock's compute ends there)."""
+    """The compression's hook, its bucket's ready time noted (the straggler clock's compute ends
+    there). PowerSGD issues its second and third all-reduce from its futures' callbacks, which
+    gloo runs on its own threads as each finishes: with two buckets or more (any model over
+    DDP's 1 MiB first bucket) the ranks then issued bucket 1's first all-reduce and bucket 0's
+    later ones in different orders, and gloo aborted the job ("Received data size doesn't match
+    expected size"). Each bucket therefore starts when the one before has ended, on every
+    backend: issuing collectives in one order on all ranks is each backend's contract."""
     path.last_ready = time.monotonic()
-    path.compression.before(bucket)
-    return path.compression.hook(path.compression.state, bucket)
+    compression = path.compression
+    if compression.pending is not None:
+        compression.pending.wait()
+    compression.before(bucket)
+    future = compression.hook(compression.state, bucket)
+    compression.pending = future if compression.in_order else None
+    return future
 
 
 class GlooGradients(GradientPath):
@@ -206,34 +226,54 @@ GLOO_MARGIN = 0.8  # gloo is taken where it all-reduces in under 0.8 of MPI's ti
 def measure_and_choose(gradient_bytes: int, watchdog: object = None) -> tuple[GradientPath, str]:
     """--comm auto on the CPU under mpirun: MPI's all-reduce, or gloo's where it is clearly faster
     for this model's gradient over these ranks' links, and the line that says so. Neither
-    wins everywhere (measured, docs/benchmark.md): on one host Open MPI's shared memory beats
-    gloo's loopback TCP; across a 100 Mbit/s link gloo's all-reduce took half Open MPI's
-    time. Every rank takes the same verdict: the times' maximum over the ranks."""
+    wins everywhere (docs/benchmark.md): on one host Open MPI's shared memory beats gloo's
+    loopback TCP; across a slow link gloo's all-reduce can take half Open MPI's time. Every rank
+    takes the same verdict: each path's time is the median of its interleaved timed calls
+    (3 to TRIES of them, within MEASURE_BUDGET_S), the maximum over the ranks.
+    Returns: (the path, whose measured_ms holds mpi, gloo and the measuring's own cost, took;
+    the line that says so)."""
     from mpi4py import MPI  # noqa: PLC0415  (only under mpirun: importing it starts MPI)
 
     nbytes = max(4, min(gradient_bytes, BUCKET_BYTES))
     buffer = torch.zeros(nbytes // 4)
     comm = MPI.COMM_WORLD
     timed = watchdog.waiting("measuring the gradient all-reduce, MPI against gloo") if watchdog else nullcontext()
+    began = time.perf_counter()
     with timed:
-        times = np.array([_best_of(lambda: comm.Allreduce(MPI.IN_PLACE, buffer.numpy(), op=MPI.SUM)),
-                          _best_of(lambda: dist.all_reduce(buffer))])
+        times = _interleaved_medians([lambda: comm.Allreduce(MPI.IN_PLACE, buffer.numpy(), op=MPI.SUM),
+                                      lambda: dist.all_reduce(buffer)], lambda x: comm.allreduce(x, op=MPI.MAX))
         comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    took_ms = (time.perf_counter() - began) * 1e3
     # gloo only when clearly faster: near a tie, a measurement's noise would pick either path,
     # and two runs of one seed would then not end bit for bit alike (the paths sum differently).
     name = "gloo" if times[1] < GLOO_MARGIN * times[0] else "mpi"
     chosen = gradient_path(name)
-    chosen.measured_ms = {"mpi": float(times[0] * 1e3), "gloo": float(times[1] * 1e3)}
+    chosen.measured_ms = {"mpi": float(times[0] * 1e3), "gloo": float(times[1] * 1e3), "took": round(took_ms, 1)}
     return chosen, (f"gradients: an all-reduce of {nbytes / 1e6:.2f} MB took {times[0] * 1e3:.2f} ms "
-                                 f"through MPI, {times[1] * 1e3:.2f} ms through gloo: via {name} (--comm auto)")
+                    f"through MPI, {times[1] * 1e3:.2f} ms through gloo: via {name} (--comm auto); measuring took "
+                    f"{took_ms:.0f} ms")
 
 
-def _best_of(call, tries: int = 3) -> float:
-    """The fastest of `tries` timed calls, after one untimed (connections, buffers)."""
-    call()
-    best = math.inf
-    for _ in range(tries):
-        began = time.perf_counter()
+# Timed rounds of both paths, interleaved: as many as fit in MEASURE_BUDGET_S by the untimed
+# first round's time, within TRIES (one host: 7 rounds of a few milliseconds), and never
+# fewer than 3 (a large bucket across a slow link: seconds a round).
+TRIES, LEAST_TRIES, MEASURE_BUDGET_S = 7, 3, 2.0
+
+
+def _interleaved_medians(calls: list, agree_max) -> np.ndarray:
+    """Each call's median time over the timed rounds, the calls taking turns within a round, so
+    that a passing load (another process's burst) falls on both paths, not on one path's tries;
+    first one untimed round (connections, buffers), whose time sets the number of rounds, alike
+    on every rank (agree_max(x): x's maximum over the ranks; the calls are collectives)."""
+    began = time.perf_counter()
+    for call in calls:
         call()
-        best = min(best, time.perf_counter() - began)
-    return best
+    first = agree_max(time.perf_counter() - began)
+    tries = max(LEAST_TRIES, min(TRIES, int(MEASURE_BUDGET_S / max(first, 1e-9))))
+    times = np.zeros((tries, len(calls)))
+    for t in range(tries):
+        for c, call in enumerate(calls):
+            began = time.perf_counter()
+            call()
+            times[t, c] = time.perf_counter() - began
+    return np.median(times, axis=0)
