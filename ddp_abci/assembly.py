@@ -21,24 +21,25 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import checkpoint as ckpt
-from . import preflight, resume
-from .checkpoint_manager import CheckpointManager
+from . import preflight
+from .autoencoder_job import Job
+from .checkpointing import checkpoint as ckpt
+from .checkpointing import resume
+from .checkpointing.manager import CheckpointManager
+from .checkpointing.resume import Position
+from .checkpointing.save_points import ASSUMED_COPY_BYTES_PER_S, SavePoints
 from .config import TrainConfig, name
 from .data import EpochBatches, build_loader
 from .errors import UsageError
-from .model import compile_model, make_optimizer, seed_optimizer, wrap_model
+from .model import autoencoder_optimizer, compile_model, make_optimizer, wrap_model
+from .parallel.agreement import Agreement
 from .parallel.collectives import all_ranks, print_main
 from .parallel.gradients import GradientPath, gradient_path, measure_and_choose
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest
-from .parallel.stopping import StopAgreement
 from .plan import RunPlan
 from .precision import make_scaler
-from .resume import Position
-from .save_points import ASSUMED_COPY_BYTES_PER_S, SavePoints
 from .schedule import build_schedule
-from .seed_job import Job
 from .stragglers import StragglerWatch
 from .stream_readers import Reader, reader_for
 from .streams import Stream
@@ -47,6 +48,8 @@ from .tracking import RunTrackers
 
 @dataclass
 class Assembly:
+    """Everything the loop trains with, built once by assemble() in the order a run needs it."""
+
     model: torch.nn.Module            # what the loop calls: DDP-wrapped (and compiled) on several ranks
     ddp: torch.nn.Module              # DDP itself (no_sync), or the bare model on one rank
     gradients: GradientPath           # the gradient all-reduce's path (its hook, the control all-reduce)
@@ -57,7 +60,7 @@ class Assembly:
     total_steps: int | None           # None: a stream without a length and no --max-steps
     checkpoints: CheckpointManager
     save_points: SavePoints
-    agreement: StopAgreement
+    agreement: Agreement
     stragglers: StragglerWatch | None  # rank 0's, with --straggler-threshold
     trackers: RunTrackers
 
@@ -105,7 +108,8 @@ def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, 
     # once (torch 2.13, _dynamo/backends/distributed.py, Note [DDPOptimizer]).
     wrapped = compile_model(ddp, device) if config.compile else ddp
     batches = _batches(config, launch, plan, reader)
-    built = make_optimizer(optimizer or seed_optimizer(config.lr, config.betas, config.fused_adam), wrapped, config.lr)
+    factory = optimizer or autoencoder_optimizer(config.lr, config.betas, config.fused_adam)
+    built = make_optimizer(factory, wrapped, config.lr)
     total = _total_steps(config, batches)
     schedule = _user_scheduler(scheduler, built) if scheduler is not None else \
         build_schedule(built, config.schedule, config.warmup_steps, total or 0)
@@ -127,7 +131,7 @@ def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, 
     save_points = SavePoints(config.save_every_steps, config.save_every_minutes, config.mtbf_hours,
                              bool(config.ckpt_dir), size / ASSUMED_COPY_BYTES_PER_S)
     fp16 = plan.precision == "fp16"  # there GradScaler skips inf/nan steps by design: count them instead
-    agreement = StopAgreement(stop, config.stop_check_every, gradients, device, launch.rank, launch.world_size,
+    agreement = Agreement(stop, config.stop_check_every, gradients, device, launch.rank, launch.world_size,
                               guard_finite=not fp16, max_fp16_skips=config.max_skipped_steps if fp16 else 0,
                               stop_after_s=config.stop_after_s, expected_save_s=size / 100e6, step=position.step,
                               stop_at=config.stop_at)

@@ -2,7 +2,7 @@
 
 Each field carries its flag, help and valid range (options.option): the command line and
 the checks are made from them. The seed's own job (its model's size, its data, its loss)
-is not here but in seed_job.SeedJob: these fields mean the same for any model.
+is not here but in seed_job.AutoencoderJob: these fields mean the same for any model.
 """
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ MAX_STOP_CHECK_EVERY = 1000
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """How a run trains, for any model: every field is a flag of `python -m ddp_abci.train`
+    (its help below) and a keyword of TrainConfig(...). Frozen; checked when made.
+    Raises: UsageError (one line naming the field and the fix) for a value out of range or two
+    fields that cannot go together."""
+
     epochs: int = option(200, "passes over the training set (the seed's 200)", low=1)
     global_batch: int = option(50, "global batch, split over the ranks (the seed's split_batches=True intent)",
                                flag="--bs", low=1)

@@ -57,7 +57,8 @@ def linspace_rows(stops: np.ndarray, dim: int) -> np.ndarray:
     return rows
 
 
-def seed_datasets(dim_in: int, num_items: int, eval_items: int) -> tuple[LinspaceDataset, LinspaceDataset | None]:
+def autoencoder_datasets(dim_in: int, num_items: int,
+                         eval_items: int) -> tuple[LinspaceDataset, LinspaceDataset | None]:
     """The seed's data: LinspaceDataset, its last `eval_items` held out (10% with --eval-every)."""
     train_items = num_items - eval_items
     eval_set = LinspaceDataset(dim_in, eval_items, start=train_items) if eval_items else None

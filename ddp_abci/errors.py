@@ -1,18 +1,8 @@
 """The run's one-line failures: each is printed as one `error: ...` line and ends the run
-with its own exit status (the job scripts read it to decide whether to resubmit).
+with its own exit status (exits.py lists them all; the job scripts read them to decide whether
+to resubmit)."""
 
-    0   done
-    2   bad input: a refused setting (UsageError, before training: nothing written), or one rank's
-        loss_fn or batch failing mid-run (RankFailed: the last checkpoint is kept); fix what it names
-    65  diverged (Diverged): the loss or gradients stopped being finite; last good checkpoint kept
-    69  a rank stopped answering within --timeout (parallel.watchdog): resubmit with --resume, check the named host
-    74  a checkpoint could not be written (SaveFailed): free space or fix the folder, then --resume
-    75  stopped by SIGTERM/SIGUSR1/SIGINT or --stop-after, checkpoint saved (parallel.signals.EXIT_STOPPED): resubmit
-"""
-
-EXIT_USAGE = 2
-EXIT_DIVERGED = 65   # sysexits' EX_DATAERR: the run's numbers, not the machine, went wrong
-EXIT_SAVE_FAILED = 74  # sysexits' EX_IOERR
+from .exits import EXIT_DIVERGED, EXIT_SAVE_FAILED, EXIT_USAGE
 
 
 class RunError(Exception):
@@ -31,10 +21,10 @@ class UsageError(RunError):
     """
 
 
-class RankFailed(UsageError):
-    """One rank's own failure (its loss_fn raised, its batch could not be collated): that
-    rank says so, with its rank and host, and ends the job at once (exit 2), without
-    waiting for the others to time out in the next collective."""
+class RankFailed(RunError):
+    """One rank's own failure mid-run (its loss_fn raised, its batch could not be collated):
+    that rank says so, with its rank and host, and ends the job at once (exit 2, as bad input),
+    without waiting for the others to time out in the next collective."""
 
     same_on_every_rank = False
 

@@ -37,10 +37,12 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .exits import EXIT_DIVERGED, EXIT_RANK_LOST, EXIT_SAVE_FAILED, EXIT_STOPPED, EXIT_USAGE
+
 STATUS = "status"
 FIELDS = ("status", "finished", "step", "rank", "host", "unix", "line", "failures", "chain")
-STOPS_THE_CHAIN = {2: "refused", 65: "diverged", 74: "storage failing"}  # these do not mend by themselves
-EXIT_STOPPED, EXIT_LOST = 75, 69
+# These do not mend by themselves: the chain stops.
+STOPS_THE_CHAIN = {EXIT_USAGE: "refused", EXIT_DIVERGED: "diverged", EXIT_SAVE_FAILED: "storage failing"}
 
 
 # -- the status file ---------------------------------------------------------------------
@@ -191,8 +193,8 @@ def finish(ckpt_dir: str, rc: int, before: str, output: str | None, job: str, ch
 
 def _lost(ckpt_dir: str, line: str) -> int:
     say(line)
-    record(ckpt_dir, EXIT_LOST, line)
-    return EXIT_LOST
+    record(ckpt_dir, EXIT_RANK_LOST, line)
+    return EXIT_RANK_LOST
 
 
 def explain(status: int, job: str, ckpt_dir: str = "") -> str:
@@ -204,12 +206,13 @@ def explain(status: int, job: str, ckpt_dir: str = "") -> str:
         return (f"job {job}: stopped early with no checkpoint (no CKPT_DIR): its work is lost; set CKPT_DIR to carry "
                 "a run from job to job")
     return {
-        65: f"job {job}: diverged; the last good checkpoint is kept; do not resubmit as is: lower --lr or add "
-            "--clip-norm",
-        EXIT_LOST: f"job {job}: a rank stopped answering (named above, with its host); the last checkpoint is intact: "
-                   "resubmit with the same CKPT_DIR, and check that host",
-        74: f"job {job}: a checkpoint could not be written (disk full, quota, folder); free space, then resubmit",
-        2: f"job {job}: refused before training (bad setting, named above); fix it, then resubmit",
+        EXIT_DIVERGED: f"job {job}: diverged; the last good checkpoint is kept; do not resubmit as is: lower --lr or "
+                       "add --clip-norm",
+        EXIT_RANK_LOST: f"job {job}: a rank stopped answering (named above, with its host); the last checkpoint is "
+                        "intact: resubmit with the same CKPT_DIR, and check that host",
+        EXIT_SAVE_FAILED: f"job {job}: a checkpoint could not be written (disk full, quota, folder); free space, "
+                          "then resubmit",
+        EXIT_USAGE: f"job {job}: refused before training (bad setting, named above); fix it, then resubmit",
         1: f"job {job}: failed unexpectedly (the traceback above: CUDA out of memory, an NCCL error, a bug); the last "
            "checkpoint is intact; resubmit once for a passing fault, fix the cause if it repeats",
     }.get(status, "")
@@ -368,18 +371,18 @@ def _check_trainer_args(args: Sequence[str], ranks: int, nodes: int, per_node: i
     """The trainer's flags among `args`, parsed as the trainer parses them: all of them for the
     seed's job (whose global batch the job scripts set to `default_bs` unless given), only the
     trainer's for a TRAIN_SCRIPT (its own flags are its own, and its default batch unknown here)."""
+    from .autoencoder_job import AutoencoderJob  # noqa: PLC0415
     from .cli import add_options, build, unknown_flag  # noqa: PLC0415  (the trainer's own flags, no torch)
     from .config import TrainConfig  # noqa: PLC0415
     from .errors import RunError  # noqa: PLC0415
     from .parallel.launch import LaunchOptions  # noqa: PLC0415
-    from .seed_job import SeedJob  # noqa: PLC0415
 
     builtin = default_bs is not None
     parser = _Refusing(prog="the trainer", allow_abbrev=False)
     add_options(parser, TrainConfig, defaults={"global_batch": default_bs} if builtin else None)
     add_options(parser, LaunchOptions)
     if builtin:
-        add_options(parser, SeedJob)
+        add_options(parser, AutoencoderJob)
     parsed, rest = parser.parse_known_args(list(args))
     strange = unknown_flag(parser, rest) if builtin else None  # a TRAIN_SCRIPT's own flags are its own
     if strange:
@@ -387,7 +390,7 @@ def _check_trainer_args(args: Sequence[str], ranks: int, nodes: int, per_node: i
     try:
         config = build(TrainConfig, parsed)
         if builtin:
-            build(SeedJob, parsed)
+            build(AutoencoderJob, parsed)
     except RunError as e:
         raise ValueError(str(e)) from None
     given = any(a == "--bs" or a.startswith("--bs=") for a in args)

@@ -91,7 +91,7 @@ def main():
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.bs // world, sampler=sampler, pin_memory=cuda)
 
-    # torch.optim.Adam + prepare(optimizer) -- model.seed_optimizer(); the scaler steps it below
+    # torch.optim.Adam + prepare(optimizer) -- model.autoencoder_optimizer(); the scaler steps it below
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.0, 0.99))
 
     for epoch in range(args.epochs):

@@ -104,7 +104,7 @@ def wrap_model(model: nn.Module, device: torch.device, world_size: int, *,
                find_unused_parameters=find_unused_parameters)
 
 
-def seed_optimizer(lr: float, betas: tuple[float, float], fused: bool = True) -> OptimizerFactory:
+def autoencoder_optimizer(lr: float, betas: tuple[float, float], fused: bool = True) -> OptimizerFactory:
     """The seed's Adam, as the Trainer's optimizer factory (params -> optimizer).
     fused=True does the whole update in one kernel per parameter group, about 3 times
     faster than the per-tensor loop here (docs/benchmark.md); it runs on CUDA too. Its
@@ -113,9 +113,12 @@ def seed_optimizer(lr: float, betas: tuple[float, float], fused: bool = True) ->
     return functools.partial(torch.optim.Adam, lr=lr, betas=tuple(betas), fused=fused or None)
 
 
+seed_optimizer = autoencoder_optimizer  # its name before 2026-12-06, kept for code that imports it
+
+
 def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float]) -> torch.optim.Adam:
     """The seed's Adam over a model's parameters."""
-    return seed_optimizer(lr, betas)(model.parameters())
+    return autoencoder_optimizer(lr, betas)(model.parameters())
 
 
 def make_optimizer(factory: Any, model: nn.Module, lr: float) -> torch.optim.Optimizer:

@@ -22,6 +22,8 @@ from .training_set import TrainingSet, training_set
 
 @dataclass(frozen=True)
 class RunPlan:
+    """What fit() resolves once, before the group opens, and the Trainer is built from."""
+
     device: torch.device   # cuda:<local rank>, or the CPU
     precision: str         # "no" (fp32), "fp16" or "bf16": --amp auto resolved
     comm: str              # the gradient all-reduce: nccl, mpi, gloo, or "measure" (MPI or gloo, by measurement)

@@ -11,8 +11,8 @@ from typing import Any, Callable, Mapping
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from . import checkpoint as ckpt
-from . import resume
+from .checkpointing import checkpoint as ckpt
+from .checkpointing import resume
 from .config import TrainConfig, name, turn_on
 from .data import CollateFailed, batch_fetcher, batch_len, describe, first_batch, to_device
 from .errors import UsageError, one_line

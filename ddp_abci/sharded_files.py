@@ -24,6 +24,11 @@ from torch.utils.data import IterableDataset
 
 
 class ShardedFiles(IterableDataset):
+    """The items of a list of files, `read(path)` yielding one file's items: each epoch the
+    files are shuffled from (shuffle_seed, epoch) and dealt out whole to (rank, worker) by
+    shard(); state_dict() is the epoch, the file of this share being read and the items read
+    of it, so a resume opens no finished file. Raises ValueError for an empty list."""
+
     def __init__(self, paths: Sequence[Any], read: Callable[[Any], Iterable[Any]], shuffle_seed: int = 0) -> None:
         self.paths, self.read, self.shuffle_seed = list(paths), read, shuffle_seed
         if not self.paths:

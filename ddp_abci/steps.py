@@ -1,4 +1,5 @@
-"""What one optimizer step trains, and how a failure inside it is told.
+"""One optimizer step: the micro-batches it trains (Groups), the step itself (train_step), what
+it gives (StepResult, summed in an EpochTally), and how a failure inside it is told.
 
 Groups: the epoch's micro-batches, --accum at a time, on the device. A stream's groups come
 with their positions, and are read ahead up to the next check step, so that the ranks can
@@ -19,11 +20,14 @@ from .config import turn_on
 from .data import CollateFailed, batch_len, to_device
 from .errors import RankFailed, one_line
 from .parallel.phases import peer_lost, timed_out
+from .precision import autocast
 from .preflight import UNUSED_ADVICE
 from .stream_readers import reading_failure
 
 
 class StepResult(NamedTuple):
+    """What one optimizer step gives the loop."""
+
     loss: torch.Tensor         # mean of the micro-batch losses, detached
     skipped: bool              # fp16 overflow: GradScaler skipped optimizer.step
     grad_norm: float | None    # total gradient norm before clipping (with --clip-norm)
@@ -31,6 +35,8 @@ class StepResult(NamedTuple):
 
 
 class Group(NamedTuple):
+    """One step's micro-batches, with a stream's position after each."""
+
     batches: list[Any]         # the micro-batches, on the device
     where: list[dict]          # a stream's position after each (empty for a map-style set)
 
@@ -99,6 +105,44 @@ class Groups:
             return None
         batches, where = ([b for b, _ in items], [w for _, w in items]) if self.stream else (items, [])
         return Group([to_device(b, self.device, non_blocking=self.non_blocking) for b in batches], where)
+
+
+def train_step(trainer: Any, micro_batches: list[Any]) -> StepResult:
+    """One optimizer step of `trainer` (a Trainer: its built parts, loss_fn, precision, watchdog)
+    over the micro-batches (--accum of them; one by default): zero the gradients, each micro-
+    batch's loss under autocast and its backward (DDP all-reduces in the last one's), the clip,
+    the optimizer's and the schedule's step.
+    Returns: the StepResult. Raises: RankFailed for this rank's own failure in loss_fn or
+    backward (own_failure), or the collective's error after the watchdog's verdict."""
+    built, watchdog, config = trainer.built, trainer.watchdog, trainer.config
+    built.optimizer.zero_grad(set_to_none=True)
+    count, loss_sum, samples, what = len(micro_batches), None, 0, ""
+    try:
+        for i, batch in enumerate(micro_batches):
+            last = i == count - 1
+            with grad_sync(built.ddp, last):
+                what = "loss_fn raised"
+                with autocast(trainer.precision, trainer.device), watchdog.working("loss_fn"):
+                    loss = trainer.loss_fn(built.model, batch)
+                # / count: the accumulated gradient is that of the micro-batch losses' mean (x / 1 is
+                # skipped: an op and a backward node). DDP all-reduces during the last one's backward.
+                what = "the backward pass failed"
+                with backward_phase(watchdog, last and trainer.launch.world_size > 1, built.gradients):
+                    built.scaler.scale(loss / count if count > 1 else loss).backward()
+            loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
+            loss_sum = loss if loss_sum is None else loss_sum + loss
+            samples += batch_len(batch)
+    except Exception as e:
+        raise own_failure(e, watchdog, trainer.here, what, trainer.step, batch, bool(config.ckpt_dir)) from None
+    grad_norm = None
+    if config.clip_norm:
+        built.scaler.unscale_(built.optimizer)  # clip true gradients, not scaled ones
+        grad_norm = torch.nn.utils.clip_grad_norm_(built.model.parameters(), config.clip_norm).item()
+    skipped = optimizer_step(built.optimizer, built.scaler)
+    if built.scheduler is not None and not skipped:
+        built.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
+    return StepResult(loss_sum / count if count > 1 else loss_sum, skipped, grad_norm,
+                      samples * trainer.launch.world_size)
 
 
 def step_failure(here: str, what: str, error: Exception, step: int, items: int, resumable: bool) -> RankFailed:

@@ -23,7 +23,6 @@ import torch
 
 from .errors import UsageError
 from .parallel.collectives import raise_if_any_rank_failed
-from .parallel.signals import EXIT_STOPPED, signal_name
 
 INSTALL_TENSORBOARD = "pip install 'ddp_abci[tensorboard]'"
 
@@ -333,17 +332,3 @@ def epoch_line(which: str, mean: float, tally: Any, dropped: int, short: int = 0
         extra += f", {short} items of the readers' short last batches dropped"
     return (f"epoch {which}: loss {mean:.4f}, {tally.samples / max(elapsed, 1e-9):,.0f} samples/s, {elapsed:.2f}s"
             f"{extra}")
-
-
-def end_of_run(stopped_by: int, finished: bool, position: Any, steps_before: int, last_loss: float,
-               ckpt_file: Any) -> tuple[int, str]:
-    """The exit status and the last line. 75 only when work is left: a stop agreed on the very
-    last step completed the run."""
-    if stopped_by and not finished:
-        return EXIT_STOPPED, (f"stopped on {signal_name(stopped_by)} at epoch {position.epoch + 1} batch "
-                              f"{position.batch_in_epoch} (step {position.step}); checkpoint "
-                              f"{ckpt_file or 'off (no --ckpt-dir)'}; resume with --resume; exit {EXIT_STOPPED}")
-    if position.step == steps_before:
-        return 0, f"nothing to train: already at epoch {position.epoch}, step {position.step}"
-    late = f" ({signal_name(stopped_by)} arrived at the last step: the run is complete)" if stopped_by else ""
-    return 0, f"done: {position.step} steps, last epoch loss {last_loss:.4f}{late}"

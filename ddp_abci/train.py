@@ -1,6 +1,6 @@
 """Command line: `mpirun -n 2 python -m ddp_abci.train [options]`.
 
-It only builds the dataclasses (TrainConfig, the seed's SeedJob, the LaunchOptions) from
+It only builds the dataclasses (TrainConfig, the seed's AutoencoderJob, the LaunchOptions) from
 the flags that their fields carry (cli.py) and hands them to fit(); every decision lives
 in the module named for it.
 
@@ -16,15 +16,15 @@ from .parallel.signals import StopRequest
 
 
 def build_parser():  # -> argparse.ArgumentParser
+    from .autoencoder_job import AutoencoderJob
     from .cli import OneLineParser, add_options
     from .config import TrainConfig
     from .parallel.launch import LaunchOptions
-    from .seed_job import SeedJob
 
     p = OneLineParser(prog="python -m ddp_abci.train",
                       description="Train the seed's autoencoder with DistributedDataParallel.")
     add_options(p, TrainConfig)
-    add_options(p, SeedJob, "the seed's job (its model, data and loss)")
+    add_options(p, AutoencoderJob, "the seed's job (its model, data and loss)")
     add_options(p, LaunchOptions, "rendezvous (default: MASTER_ADDR/MASTER_PORT, else chosen by rank 0)")
     return p
 
@@ -35,16 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     with StopRequest() as stop:
         from dataclasses import asdict
 
+        from .autoencoder_job import AutoencoderJob
         from .cli import build, report
         from .config import TrainConfig
         from .errors import UsageError
-        from .lifecycle import fit
+        from .fitting import fit
         from .parallel.launch import LaunchOptions
-        from .seed_job import SeedJob
 
         args = build_parser().parse_args(argv)
         try:
-            config, job, options = build(TrainConfig, args), build(SeedJob, args), build(LaunchOptions, args)
+            config, job, options = build(TrainConfig, args), build(AutoencoderJob, args), build(LaunchOptions, args)
         except UsageError as e:
             return report(e)
         return fit(config=config, seed_job=job, stop=stop, **asdict(options))
@@ -53,10 +53,9 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     status = main()
     # The run has closed all it opened (group, checkpoint writer, logs): what is left is memory.
-    # CPython's last collections at exit walk every object torch and torch._dynamo (which
-    # torch.optim loads) made, about 0.5 s a rank on this project's CI machine (a 2-rank 1-epoch
-    # run: 2.75 s, 2.21 s with the freeze); frozen objects are skipped, and the OS frees them.
-    # Atexit handlers (mpi4py's MPI_Finalize among them) still run.
+    # CPython's last collections at exit would walk every object torch and torch._dynamo made
+    # (docs/benchmark.md, start-up, says what that costs); frozen objects are skipped, and the
+    # OS frees them. Atexit handlers (mpi4py's MPI_Finalize among them) still run.
     import gc
 
     gc.freeze()

@@ -22,25 +22,24 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from . import checkpoint as ckpt
 from . import jobs
 from .assembly import Assembly, assemble
+from .autoencoder_job import AutoencoderJob, Job, complete
+from .checkpointing import checkpoint as ckpt
+from .checkpointing.resume import Position
 from .config import TrainConfig
-from .data import batch_len
 from .errors import Diverged, RunError, SaveFailed
 from .evaluation import MetricFn, default_metrics, evaluate
+from .exits import end_of_run
 from .model import LossFn, OptimizerFactory, unwrap
 from .parallel.collectives import all_ranks, broadcast_buffers, check_replicas_agree, print_main, rank0_decides, reduce
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest, signal_name
 from .parallel.watchdog import Watchdog, collective
 from .plan import RunPlan, plan_run
-from .precision import autocast
-from .resume import Position
-from .seed_job import Job, SeedJob, complete
-from .steps import EpochTally, Groups, StepResult, backward_phase, grad_sync, optimizer_step, own_failure
+from .steps import EpochTally, Groups, StepResult, train_step
 from .stragglers import StepClock
-from .tracking import Clock, end_of_run, epoch_line, peak_memory_mib, run_summary, training_line, write_summary
+from .tracking import Clock, epoch_line, peak_memory_mib, run_summary, training_line, write_summary
 
 
 class Trainer:
@@ -61,7 +60,8 @@ class Trainer:
                  model: torch.nn.Module | None = None, train_set: Any = None, eval_set: Any = None,
                  loss_fn: LossFn | None = None, optimizer: OptimizerFactory | type | None = None,
                  metrics: Mapping[str, MetricFn] | None = None, on_eval: Callable[[dict], None] | None = None,
-                 collate_fn: Callable | None = None, seed_job: SeedJob | None = None, plan: RunPlan | None = None,
+                 collate_fn: Callable | None = None, seed_job: AutoencoderJob | None = None,
+                 plan: RunPlan | None = None,
                  startup: dict[str, float] | None = None, stop: StopRequest | None = None,
                  scheduler: Callable | None = None, state: Mapping[str, Any] | None = None,
                  job: Job | None = None) -> None:
@@ -210,35 +210,8 @@ class Trainer:
     # -- one step --------------------------------------------------------------------------
 
     def train_step(self, micro_batches: list[Any]) -> StepResult:
-        """One optimizer step over the micro-batches (--accum of them; one by default)."""
-        self.built.optimizer.zero_grad(set_to_none=True)
-        count, loss_sum, samples, what = len(micro_batches), None, 0, ""
-        try:
-            for i, batch in enumerate(micro_batches):
-                last = i == count - 1
-                with grad_sync(self.built.ddp, last):
-                    what = "loss_fn raised"
-                    with autocast(self.precision, self.device), self.watchdog.working("loss_fn"):
-                        loss = self.loss_fn(self.built.model, batch)
-                    # / count: the accumulated gradient is that of the micro-batch losses' mean (x / 1 is
-                    # skipped: an op and a backward node). DDP all-reduces during the last one's backward.
-                    what = "the backward pass failed"
-                    with backward_phase(self.watchdog, last and self.launch.world_size > 1, self.built.gradients):
-                        self.built.scaler.scale(loss / count if count > 1 else loss).backward()
-                loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
-                loss_sum = loss if loss_sum is None else loss_sum + loss
-                samples += batch_len(batch)
-        except Exception as e:
-            raise own_failure(e, self.watchdog, self.here, what, self.step, batch, bool(self.config.ckpt_dir)) from None
-        grad_norm = None
-        if self.config.clip_norm:
-            self.built.scaler.unscale_(self.built.optimizer)  # clip true gradients, not scaled ones
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.built.model.parameters(), self.config.clip_norm).item()
-        skipped = optimizer_step(self.built.optimizer, self.built.scaler)
-        if self.built.scheduler is not None and not skipped:
-            self.built.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
-        return StepResult(loss_sum / count if count > 1 else loss_sum, skipped, grad_norm,
-                          samples * self.launch.world_size)
+        """One optimizer step over the micro-batches (--accum of them; one by default): steps.train_step."""
+        return train_step(self, micro_batches)
 
     # -- the loop's collectives, in the order a run meets them -----------------------------
 

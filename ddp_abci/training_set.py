@@ -30,6 +30,8 @@ SAMPLER_MODULES = ("torch.utils.data.sampler", "torchdata.stateful_dataloader.sa
 
 @dataclass(frozen=True)
 class TrainingSet:
+    """The training set as the run reads it: training_set() makes it from what fit() was given."""
+
     dataset: Any                    # a map-style Dataset or an IterableDataset
     collate_fn: Callable | None     # makes a list of items into a batch (None: torch's default_collate)
     stream: bool                    # an IterableDataset: read in order, its position saved

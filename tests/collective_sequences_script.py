@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import ddp_abci.checkpoint as ckpt
+import ddp_abci.checkpointing.checkpoint as ckpt
 from ddp_abci import TrainConfig, fit
+from ddp_abci.autoencoder_job import AutoencoderJob
 from ddp_abci.parallel import gradients, mpi_hook
 from ddp_abci.parallel.signals import StopRequest
-from ddp_abci.seed_job import SeedJob
 
 out, rank = Path(sys.argv[1]), int(__import__("os").environ["OMPI_COMM_WORLD_RANK"])
 sequence: list[str] = []
@@ -65,7 +65,7 @@ def failing_after(saves):
 
 
 base = dict(epochs=2, global_batch=20, timeout_s=30)
-job = SeedJob(num_items=200, dim_in=16, dim_hidden=4)
+job = AutoencoderJob(num_items=200, dim_in=16, dim_hidden=4)
 results = {}
 CONFIGURATIONS = {
     # plain pins the MPI hook: --comm auto (the others) measures MPI against gloo at the start,

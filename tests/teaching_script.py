@@ -99,9 +99,9 @@ for _batch in loader:
 record("lookahead", seen)
 
 # -- the raw trainer: the same compile order, and its short last group ------------------------
+from ddp_abci.autoencoder_job import AutoencoderJob  # noqa: E402
 from ddp_abci.config import TrainConfig  # noqa: E402
 from ddp_abci.parallel.launch import discover_launch  # noqa: E402
-from ddp_abci.seed_job import SeedJob  # noqa: E402
 from ddp_abci.trainer import Trainer  # noqa: E402
 
 accelerator.end_training()  # the Trainer opens its own group; Accelerate's must go first
@@ -114,7 +114,8 @@ from ddp_abci.parallel.process_group import distributed  # noqa: E402
 from ddp_abci.steps import grad_sync  # noqa: E402
 
 with distributed(launch) as device:
-    with Trainer(TrainConfig(compile=True, global_batch=10), launch, device, seed_job=SeedJob(num_items=40)) as t:
+    config = TrainConfig(compile=True, global_batch=10)
+    with Trainer(config, launch, device, seed_job=AutoencoderJob(num_items=40)) as t:
         record("raw_compiled", [type(t.model).__name__, type(t.model._orig_mod).__name__])
     # The epoch loss the trainer prints: rank r's loss is r + 1 on every item, the mean over ranks 1.5.
     out = io.StringIO()

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
+from ddp_abci.parallel.agreement import FP16_SKIPS, GRAD_NORM, LOSS, OK, Agreement
 from ddp_abci.parallel.gradients import gradient_path
 from ddp_abci.parallel.signals import StopRequest
-from ddp_abci.parallel.stopping import FP16_SKIPS, GRAD_NORM, LOSS, OK, StopAgreement
 from helpers import assert_clean, error_lines, load, run_mpi, train_here
 
 pytestmark = pytest.mark.untimed
@@ -84,10 +84,10 @@ def test_an_unreadable_last_pt_falls_back_to_prev_pt_and_says_so(tmp_path):
     assert load(tmp_path / "prev.pt")["epoch"] == 2  # the bad last.pt never became prev.pt
 
 
-def _agreement(**kw) -> StopAgreement:
+def _agreement(**kw) -> Agreement:
     options = dict(guard_finite=True, max_fp16_skips=0)
     options.update(kw)
-    return StopAgreement(StopRequest(), 8, gradient_path("gloo"), torch.device("cpu"), 0, 1, **options)
+    return Agreement(StopRequest(), 8, gradient_path("gloo"), torch.device("cpu"), 0, 1, **options)
 
 
 def test_the_guard_reads_the_epochs_running_loss_sum_which_keeps_any_bad_step():

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddp_abci import train as cli
+from ddp_abci.autoencoder_job import AutoencoderJob
 from ddp_abci.config import TrainConfig
 from ddp_abci.options import default_of, flag_of
 from ddp_abci.parallel.launch import LaunchOptions
-from ddp_abci.seed_job import SeedJob
 from ddp_abci.trainer import Trainer
 from helpers import assert_clean, train
 
@@ -37,7 +37,7 @@ HOSTILE_CHOICES = ["", "FP16", "bogus", "-1"]
 TEXTS = {"master_addr": ["127.0.0.1"] * 3 + ["", "256.1.1.1", "no.such.host.invalid"],
          "interface": ["lo", "nope0", ""]}
 UNKNOWN = ["--bogus", "-x", "--lr=", "stray", "--epochs=2=3", "--"]
-OPTIONS = [f for cls in (TrainConfig, SeedJob, LaunchOptions) for f in fields(cls) if flag_of(f)]
+OPTIONS = [f for cls in (TrainConfig, AutoencoderJob, LaunchOptions) for f in fields(cls) if flag_of(f)]
 
 
 def paths(root: Path, kind: str) -> st.SearchStrategy:

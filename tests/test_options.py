@@ -5,15 +5,15 @@ from dataclasses import dataclass, fields
 import pytest
 
 from ddp_abci import train as command
+from ddp_abci.autoencoder_job import AutoencoderJob
 from ddp_abci.cli import OneLineParser, add_options, build
 from ddp_abci.compare.accelerate_variant import build_parser as accelerate_parser
 from ddp_abci.config import TrainConfig
 from ddp_abci.errors import UsageError
 from ddp_abci.options import flag_of, not_a_flag, option
 from ddp_abci.parallel.launch import LaunchOptions
-from ddp_abci.seed_job import SeedJob
 
-CLASSES = (TrainConfig, SeedJob, LaunchOptions)
+CLASSES = (TrainConfig, AutoencoderJob, LaunchOptions)
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
@@ -31,9 +31,9 @@ def test_every_field_is_a_flag_of_the_command_line_or_says_why_not(cls):
 def test_the_command_line_builds_each_dataclass_from_its_own_flags():
     args = command.build_parser().parse_args(["--bs", "64", "--betas", "0.9", "0.999", "--no-fused-adam",
                                               "--dim-hidden", "32", "--drop-last", "--master-port", "2950"])
-    config, job, options = build(TrainConfig, args), build(SeedJob, args), build(LaunchOptions, args)
+    config, job, options = build(TrainConfig, args), build(AutoencoderJob, args), build(LaunchOptions, args)
     assert (config.global_batch, config.betas, config.fused_adam, config.drop_last) == (64, (0.9, 0.999), False, True)
-    assert job == SeedJob(dim_hidden=32) and options == LaunchOptions(master_port=2950)
+    assert job == AutoencoderJob(dim_hidden=32) and options == LaunchOptions(master_port=2950)
 
 
 def test_a_new_option_is_one_edit_its_field():
@@ -50,7 +50,7 @@ def test_a_new_option_is_one_edit_its_field():
 
 def test_a_range_names_the_field_and_its_flag():
     with pytest.raises(UsageError, match=r"^num_items \(--num-items\) must be finite and between 1"):
-        SeedJob(num_items=0)
+        AutoencoderJob(num_items=0)
     with pytest.raises(UsageError, match=r"^unknown schedule \(--schedule\) 'step'; use one of constant, cosine"):
         TrainConfig(schedule="step")
 

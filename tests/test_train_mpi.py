@@ -50,7 +50,7 @@ def test_the_logged_epoch_loss_is_the_mean_over_all_ranks(two_rank_run, referenc
 
 
 def test_the_checkpoint_holds_the_documented_keys(two_rank_run):
-    from ddp_abci.checkpoint import KEYS, OPTIONAL_KEYS
+    from ddp_abci.checkpointing.checkpoint import KEYS, OPTIONAL_KEYS
 
     _, state = two_rank_run
     assert set(state) == set(KEYS)

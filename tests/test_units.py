@@ -1,12 +1,13 @@
 """Data, precision, configuration and checkpoint files, one behaviour each."""
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
 import torch
 
-from ddp_abci import checkpoint as ckpt
+from ddp_abci.checkpointing import checkpoint as ckpt
 from ddp_abci.config import TrainConfig
 from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, iterate, per_rank_batch
 from ddp_abci.errors import UsageError
@@ -247,7 +248,7 @@ def test_an_nccl_error_at_init_is_a_backend_failure_not_a_rendezvous_one(monkeyp
 def test_torch_loads_with_the_collector_paused_and_its_state_is_restored(enabled_before):
     import gc
 
-    from ddp_abci.lifecycle import collector_paused
+    from ddp_abci.fitting import collector_paused
 
     (gc.enable if enabled_before else gc.disable)()
     try:
@@ -256,3 +257,14 @@ def test_torch_loads_with_the_collector_paused_and_its_state_is_restored(enabled
         assert gc.isenabled() == enabled_before
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("stop_at, said", [(-30, "--stop-at is past (-30s from now): the run stops at its first check"),
+                                           (3600, "--stop-at stops, saves and exits 75 with at least")])
+def test_the_starts_deadline_line_says_when_the_deadline_is_already_past(stop_at, said):
+    from ddp_abci.parallel.agreement import Agreement
+    from ddp_abci.parallel.gradients import gradient_path
+
+    agreement = Agreement(StopRequest(), 8, gradient_path("gloo"), torch.device("cpu"), 0, 1, guard_finite=True,
+                          max_fp16_skips=0, stop_at=time.time() + stop_at)
+    assert said in agreement.deadline_line()

@@ -25,21 +25,21 @@ import os
 import sys
 import time
 
+from ..autoencoder_job import AutoencoderJob
 from ..cli import OneLineParser, add_options, report
 from ..config import TrainConfig
 from ..environments import launched_world_size
 from ..errors import UsageError
-from ..seed_job import SeedJob
-from .side import SideClock, peak_rss_mib, write
+from .side_clock import SideClock, peak_rss_mib, write
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ddp_abci.accelerate_variant",
                       description="The seed's Accelerate training loop, for comparison with ddp_abci.train.")
-    # The raw trainer's own flags (one home each: config.py, seed_job.py); --bs is the global
+    # The raw trainer's own flags (one home each: config.py, autoencoder_job.py); --bs is the global
     # batch, the per-rank batch x world with --as-written. fp32 by default, as the seed runs on the CPU.
     add_options(p, TrainConfig, only=SHARED_FLAGS, defaults={"amp": "no"})
-    add_options(p, SeedJob, only=("num_items", "dim_in", "dim_hidden"))
+    add_options(p, AutoencoderJob, only=("num_items", "dim_in", "dim_hidden"))
     p.add_argument("--as-written", action="store_true",
                    help="Accelerator(split_batches=True) exactly as the seed wrote it (ignored by Accelerate 1.x)")
     p.add_argument("--comm-hook", choices=COMM_HOOKS, default="no",

@@ -20,19 +20,19 @@ import os
 import sys
 import time
 
+from ..autoencoder_job import AutoencoderJob
 from ..cli import OneLineParser, add_options, report
 from ..config import TrainConfig
 from ..errors import UsageError
-from ..seed_job import SeedJob
 from .accelerate_variant import SHARED_FLAGS
-from .side import SideClock, peak_rss_mib, write
+from .side_clock import SideClock, peak_rss_mib, write
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ddp_abci.fabric_variant",
                       description="The seed's job on Lightning Fabric, for comparison with ddp_abci.train.")
     add_options(p, TrainConfig, only=SHARED_FLAGS, defaults={"amp": "no"})
-    add_options(p, SeedJob, only=("num_items", "dim_in", "dim_hidden"))
+    add_options(p, AutoencoderJob, only=("num_items", "dim_in", "dim_hidden"))
     return p
 
 

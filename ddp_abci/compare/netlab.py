@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .lab import Lab
+from .lab_base import Lab
 
 SUBNET_PREFIX = "10.79"
 

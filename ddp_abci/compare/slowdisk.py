@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .lab import Lab
+from .lab_base import Lab
 
 BLKIO = Path("/sys/fs/cgroup/blkio")
 

@@ -18,11 +18,11 @@ import os
 import sys
 import time
 
+from ..autoencoder_job import AutoencoderJob
 from ..cli import OneLineParser, add_options
 from ..config import TrainConfig
-from ..seed_job import SeedJob
 from .accelerate_variant import SHARED_FLAGS
-from .side import SideClock, peak_rss_mib, write
+from .side_clock import SideClock, peak_rss_mib, write
 
 # The raw trainer's choices, one flag each, in the order the benchmark applies them.
 SWITCHES = (("--share-threads", "CPU threads shared out: cores / local ranks (parallel/process_group.cpu_threads)"),
@@ -36,7 +36,7 @@ SWITCHES = (("--share-threads", "CPU threads shared out: cores / local ranks (pa
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m ddp_abci.textbook", description="The seed's job as the DDP tutorial writes it.")
     add_options(p, TrainConfig, only=SHARED_FLAGS, defaults={"amp": "no"})
-    add_options(p, SeedJob, only=("num_items", "dim_in", "dim_hidden"))
+    add_options(p, AutoencoderJob, only=("num_items", "dim_in", "dim_hidden"))
     for flag, help in SWITCHES:
         p.add_argument(flag, action="store_true", help=f"the raw trainer's choice: {help}")
     return p

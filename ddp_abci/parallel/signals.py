@@ -3,7 +3,7 @@
 rank to finish its step, save, and exit 75. A second Ctrl-C interrupts at once.
 
 This module only records the request; the training loop decides when all ranks agree (see
-stopping.StopAgreement). It imports nothing heavy, so that the command line can install the
+agreement.Agreement). It imports nothing heavy, so that the command line can install the
 handlers before torch loads: a signal during start-up is kept too.
 """
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import signal
 import time
 
+from ..exits import EXIT_STOPPED  # noqa: F401  (exported: ddp_abci.EXIT_STOPPED)
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped early with the checkpoint saved; resubmit with --resume
 DEADLINE = 1000   # not a signal: the stop agreement's code for --stop-after (above every signal number)
 
 

@@ -29,12 +29,11 @@ import time
 from typing import Any, Callable
 
 from ..errors import one_line
+from ..exits import EXIT_RANK_LOST
 from .diagnosis import Clock, Seen, diagnose, fresh, verdict_line
 from .heartbeat import Heartbeat
 from .launch import Launch
 from .phases import Entry, PhaseStack, peer_lost, timed_out
-
-EXIT_RANK_LOST = 69  # EX_UNAVAILABLE: a rank stopped answering; resubmit with --resume, check the named host
 
 __all__ = ["EXIT_RANK_LOST", "Seen", "Watchdog", "collective", "end_job", "peer_lost", "timed_out"]
 

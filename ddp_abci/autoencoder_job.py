@@ -1,6 +1,6 @@
-"""The seed's job: its autoencoder, its toy dataset and its loss, from one small dataclass.
+"""The blog's job (the seed document's): its autoencoder, its toy dataset and its loss, from one small dataclass.
 
-`python -m ddp_abci.train` builds a SeedJob from its flags (--dim-in, --dim-hidden,
+`python -m ddp_abci.train` builds an AutoencoderJob from its flags (--dim-in, --dim-hidden,
 --num-items, --loss) and fit() builds the model, the data and the loss from it. A fit() user
 who brings a model, data and loss never meets these settings: they are not TrainConfig's.
 
@@ -34,7 +34,11 @@ class Job(NamedTuple):
 
 
 @dataclass(frozen=True)
-class SeedJob:
+class AutoencoderJob:
+    """The seed document's job, for what fit() is not given: its autoencoder (dim_in ->
+    dim_hidden -> dim_in), LinspaceDataset of num_items (the last tenth held out with
+    --eval-every) and its loss (RMSE, or MSE). Frozen; checked when made (UsageError)."""
+
     dim_in: int = option(1000, "the autoencoder's input width (the seed's 1000)", low=1, high=2**31 - 1)
     dim_hidden: int = option(100, "the autoencoder's hidden width (the seed's 100)", low=1, high=2**31 - 1)
     num_items: int = option(10000, "items of the seed's dataset (item i is linspace(0, i, --dim-in)); with "
@@ -50,14 +54,14 @@ class SeedJob:
 
     def build(self, seed: int, eval_every: int) -> JobParts:
         """The seed's model (built from `seed`, the same on every rank), its datasets and its loss."""
-        from .data import seed_datasets  # noqa: PLC0415  (torch loads here, not at import)
+        from .data import autoencoder_datasets  # noqa: PLC0415  (torch loads here, not at import)
         from .model import AutoencoderLoss, build_model  # noqa: PLC0415
 
         held_out = self.eval_items(eval_every)
         if eval_every and held_out < 1:
-            raise UsageError(f"{setting(SeedJob, 'num_items')} {self.num_items} leaves no held-out items for "
+            raise UsageError(f"{setting(AutoencoderJob, 'num_items')} {self.num_items} leaves no held-out items for "
                              "eval_every (--eval-every); use at least 10 items")
-        train_set, eval_set = seed_datasets(self.dim_in, self.num_items, held_out)
+        train_set, eval_set = autoencoder_datasets(self.dim_in, self.num_items, held_out)
         model = build_model(seed, self.dim_in, self.dim_hidden)
         return JobParts(model, train_set, eval_set, AutoencoderLoss(self.loss))
 
@@ -66,13 +70,16 @@ class SeedJob:
         return asdict(self)
 
 
-def complete(model: Any, train_set: Any, eval_set: Any, loss_fn: Any, seed_job: "SeedJob | None",
+SeedJob = AutoencoderJob  # its name before 2026-12-06, kept for code that imports it
+
+
+def complete(model: Any, train_set: Any, eval_set: Any, loss_fn: Any, seed_job: "AutoencoderJob | None",
              config: Any) -> Job:
     """fit()'s parts with what is left out taken from the seed's job, and the job's settings
     for the checkpoint's config (empty when the user brought model, data and loss)."""
     if model is not None and train_set is not None and loss_fn is not None:
         return Job(model, train_set, eval_set, loss_fn, {})
-    job = seed_job or SeedJob()
+    job = seed_job or AutoencoderJob()
     parts = job.build(config.seed, config.eval_every or config.eval_every_steps)
     eval_set = parts.eval_set if train_set is None and eval_set is None else eval_set
     return Job(parts.model if model is None else model, train_set if train_set is not None else parts.train_set,

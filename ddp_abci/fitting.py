@@ -19,11 +19,11 @@ import traceback
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator, Mapping
 
+from .autoencoder_job import AutoencoderJob
 from .cli import report
 from .config import TrainConfig
 from .errors import RunError, UsageError
 from .parallel.signals import StopRequest
-from .seed_job import SeedJob
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Evaluation:
 def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = None, config: TrainConfig | None = None,
         *, evaluation: Evaluation | None = None, launch: Any = None, eval_set: Any = None, optimizer: Any = None,
         metrics: Mapping[str, Callable] | None = None, on_eval: Callable[[dict], None] | None = None,
-        collate_fn: Callable | None = None, seed_job: SeedJob | None = None, stop: StopRequest | None = None,
+        collate_fn: Callable | None = None, seed_job: AutoencoderJob | None = None, stop: StopRequest | None = None,
         master_addr: str | None = None, master_port: int | None = None, interface: str | None = None,
         scheduler: Callable | None = None, state: Mapping[str, Any] | None = None, environment: Any = None) -> int:
     """Train `model` on `train_set` with `loss_fn(model, batch)` on every rank the launcher
@@ -63,7 +63,7 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
         optimizer: a factory params -> optimizer, given a list of the model's parameters, or an
             optimizer class called with lr=config.lr (default: the seed's Adam).
         collate_fn: makes a list of items into a batch (default: torch's default_collate).
-        seed_job: the seed's job (SeedJob) for what model, train_set and loss_fn leave out.
+        seed_job: the seed's job (AutoencoderJob) for what model, train_set and loss_fn leave out.
         stop: an entered StopRequest, to keep your own signal handling.
         scheduler: a factory optimizer -> LRScheduler, stepped once per optimizer step.
         state: name -> an object with state_dict()/load_state_dict() (an EMA, a counter),
@@ -131,12 +131,12 @@ def _train(config: TrainConfig, stop: StopRequest, meeting: dict, parts: dict) -
         import torch._dynamo  # noqa: F401  DDP's and torch.optim's constructors load it anyway
         import torch.distributed as dist
 
+        from .autoencoder_job import complete
         from .parallel.launch import discover_launch
         from .parallel.phases import peer_lost
         from .parallel.process_group import choose_device, distributed
         from .parallel.watchdog import end_job
         from .plan import plan_run
-        from .seed_job import complete
         from .trainer import Trainer
 
     if dist.is_available() and dist.is_initialized():

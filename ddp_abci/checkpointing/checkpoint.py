@@ -7,7 +7,7 @@ rng (rank 0's generators), rng_per_rank, and format = FORMAT; with fit(state=...
 `state/NAME` per object (and `state/NAME_per_rank` where the ranks' values differ); with a
 stream, `data_per_rank`; with --grad-compression powersgd, `grad_compression_per_rank`.
 Checkpoints of earlier versions of this format (with a sampler_epoch key, without
-train_items or rng_per_rank) still load. What writes them, when: checkpoint_manager.py.
+train_items or rng_per_rank) still load. What writes them, when: manager.py.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import SaveFailed, UsageError
+from ..errors import SaveFailed, UsageError
 
 FORMAT = "ddp_abci/1"
 FILENAME = "last.pt"
@@ -73,7 +73,7 @@ def save_atomic(state: dict[str, Any] | memoryview, path: str | os.PathLike) -> 
     try:
         with os.fdopen(fd, "wb") as f:
             if isinstance(state, memoryview):
-                f.write(state)  # releases the GIL for the whole write: see checkpoint_manager
+                f.write(state)  # releases the GIL for the whole write: see manager.py
             else:
                 torch.save(state, f)
             f.flush()

@@ -30,10 +30,10 @@ from typing import Any, Callable, Literal, Protocol
 
 import torch
 
+from ..errors import SaveFailed
+from ..parallel.collectives import all_ranks, gather_to_main, print_main
+from ..parallel.launch import Launch
 from . import checkpoint as ckpt
-from .errors import SaveFailed
-from .parallel.collectives import all_ranks, gather_to_main, print_main
-from .parallel.launch import Launch
 
 
 class Stateful(Protocol):

@@ -38,7 +38,7 @@ class Verdict(NamedTuple):
         return bool(self.signal or self.diverged)
 
 
-class StopAgreement:
+class Agreement:
     """Watches each step for free (host values the loop has anyway, device tensors it
     sums anyway) and turns what it saw into one agreed Verdict at the check steps."""
 
@@ -81,7 +81,12 @@ class StopAgreement:
         return self.deadline is not None and now + self.reserve_s() >= self.deadline
 
     def deadline_line(self) -> str:
+        """The start's line about the deadline: when it is, and what happens there."""
         left = self.deadline - time.monotonic()
+        if left <= self.reserve_s():
+            return (f"deadline: {self.deadline_flag} is {'past' if left <= 0 else 'too near to train'} "
+                    f"({left:.0f}s from now): the run stops at its first check, within {self.every} steps, "
+                    "saves and exits 75")
         return (f"deadline: {self.deadline_flag} stops, saves and exits 75 with at least {self.reserve_s():.1f}s to "
                 f"spare (twice the longest save and check interval, measured as the run goes), {left:.0f}s from now")
 

@@ -1,7 +1,7 @@
 """What a checkpoint holds for the Trainer, part by part, and the resume contract.
 
 Each part is an object with state_dict() and load_state_dict() (torch's Stateful), saved
-under its checkpoint key by checkpoint_manager.CheckpointManager. Most are torch's own (the
+under its checkpoint key by manager.CheckpointManager. Most are torch's own (the
 GradScaler, your scheduler, your EMA); the adapters here add what a resume must keep:
 
     OptimizerState   the optimizer's state (Adam's moments, step counts); on resume this
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from ..config import TrainConfig, name
 from . import checkpoint as ckpt
-from .config import TrainConfig, name
 
 HYPER = ("lr", "betas", "momentum", "weight_decay", "eps")  # named in the resume line when changed
 RUN_HYPER = (("clip_norm", "--clip-norm"), ("schedule", "--schedule"), ("warmup_steps", "--warmup-steps"),
