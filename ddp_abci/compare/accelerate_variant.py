@@ -86,7 +86,8 @@ def make_accelerator(amp: str, as_written: bool, seed: int = 0, comm_hook: str =
     if accelerator.num_processes != launched:
         raise UsageError(
             f"the launcher started {launched} ranks but Accelerate sees {accelerator.num_processes}: each rank "
-            "would train alone; on GPUs start it through scripts/accelerate_env.sh (sets RANK, WORLD_SIZE, LOCAL_RANK)")
+            "would train alone; start each rank through python -m ddp_abci.compare.accelerate_env (it sets RANK, "
+            "WORLD_SIZE, LOCAL_RANK from Open MPI's)")
     return accelerator
 
 

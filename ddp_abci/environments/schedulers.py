@@ -85,7 +85,8 @@ SCHEDULERS = (PBSJob, GridEngineJob, SlurmJob)
 
 def job_port(environ: Mapping[str, str]) -> int | None:
     """Jobs sharing a node get different ports: 10000 + job id % 50000. The one formula: the
-    Accelerate variant's environment mapping and the job scripts call it too."""
+    launch environments and the Accelerate variant's environment mapping (compare/accelerate_env.py)
+    call it. Returns None outside a scheduler's job."""
     for scheduler in SCHEDULERS:
         number = scheduler.job_number(environ)
         if number is not None:
