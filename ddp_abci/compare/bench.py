@@ -269,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", default="", metavar="KIND,...",
                    help="with --link: also run raw with --grad-compression KIND and Accelerate with the same "
                         "comm_hook, for each of powersgd, fp16, bf16 (JSON key link)")
+    p.add_argument("--peer-compression", default=None, metavar="KIND,...",
+                   help="of --compression, the kinds Accelerate is given too (default: all of them; Accelerate's "
+                        "powersgd aborts on gloo for a model over 1 MiB: docs/accelerate.md)")
     p.add_argument("--powersgd-rank", type=int, default=1, help="PowerSGD's rank on both sides (default 1)")
     p.add_argument("--powersgd-warmup-steps", type=int, default=2,
                    help="steps all-reduced uncompressed before PowerSGD, on both sides (default 2)")
@@ -359,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.raw_args, args.mpirun_args = args.raw_args.split(), args.mpirun_args.split()
     args.compression = [k for k in args.compression.split(",") if k]
+    args.peer_compression = args.compression if args.peer_compression is None else \
+        [k for k in args.peer_compression.split(",") if k in args.compression]
     wrong = [k for k in args.compression if k not in ("powersgd", "fp16", "bf16")]
     if wrong or (args.compression and not args.link):
         print(f"error: --compression {','.join(args.compression)}: give powersgd, fp16 or bf16, with --link",

@@ -82,15 +82,17 @@ PEER_HOOKS = {"powersgd": "power_sgd", "fp16": "fp16", "bf16": "bf16"}  # Accele
 
 def compressed_sides(args: argparse.Namespace) -> dict[str, tuple[str, tuple[str, ...]]]:
     """--compression's sides: the raw trainer with each (`raw powersgd`, ...), and Accelerate
-    given the same hook with the same PowerSGD settings (`accelerate powersgd`, ...)."""
+    given the same hook with the same PowerSGD settings (`accelerate powersgd`, ...) for those
+    of --peer-compression."""
     sides: dict[str, tuple[str, tuple[str, ...]]] = {}
     powersgd = ("--powersgd-rank", str(args.powersgd_rank), "--powersgd-warmup-steps", str(args.powersgd_warmup_steps))
     option = json.dumps({"matrix_approximation_rank": args.powersgd_rank,
                          "start_powerSGD_iter": args.powersgd_warmup_steps})
     for kind in args.compression:
         sides[f"raw {kind}"] = ("raw", ("--grad-compression", kind, *(powersgd if kind == "powersgd" else ())))
-        sides[f"accelerate {kind}"] = ("accelerate", ("--comm-hook", PEER_HOOKS[kind],
-                                                      *(("--comm-state-option", option) if kind == "powersgd" else ())))
+        if kind in args.peer_compression:
+            sides[f"accelerate {kind}"] = ("accelerate", ("--comm-hook", PEER_HOOKS[kind], *(
+                ("--comm-state-option", option) if kind == "powersgd" else ())))
     return sides
 
 
