@@ -32,11 +32,11 @@ import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .atomic_text import replace_text
 from .exits import EXIT_DIVERGED, EXIT_RANK_LOST, EXIT_SAVE_FAILED, EXIT_STOPPED, EXIT_USAGE
 
 STATUS = "status"
@@ -54,16 +54,8 @@ def write_status(ckpt_dir: str | os.PathLike, status: int, *, finished: bool, st
     values = {"status": status, "finished": int(finished), "step": step, "rank": rank, "host": host,
               "unix": int(time.time()), "line": line, "failures": failures, "chain": chain}
     text = "".join(f"{key}={' '.join(str(values[key]).split())}\n" for key in FIELDS)
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=ckpt_dir, prefix=f".{STATUS}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, Path(ckpt_dir) / STATUS)
-    except OSError:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    with contextlib.suppress(OSError):
+        replace_text(Path(ckpt_dir) / STATUS, text)
 
 
 def read_status(ckpt_dir: str | os.PathLike) -> dict[str, str]:
@@ -428,10 +420,7 @@ def write_chain(ckpt_dir: str, site: str, ids: Sequence[str], node_hours: str, w
         Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
         state = {"site": site, "jobs": list(ids), "node_hours": node_hours, "walltime_s": walltime_s,
                  "submitted_unix": time.time()}
-        fd, tmp = tempfile.mkstemp(dir=ckpt_dir, prefix=".chain.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(state, f)
-        os.replace(tmp, Path(ckpt_dir) / "chain.json")
+        replace_text(Path(ckpt_dir) / "chain.json", json.dumps(state))
 
 
 # -- the command line -------------------------------------------------------------------------

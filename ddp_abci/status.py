@@ -40,11 +40,8 @@ def job_states(site: str, ids: Sequence[str]) -> dict[str, str]:
     """Each job's state as the scheduler says it (queued, held, running, finished, or unknown)."""
     if not ids:
         return {}
-    if site == "abci3":
-        out = _ask("qstat", "-x", "-f", "-F", "json", *ids)
-        jobs = json.loads(out).get("Jobs", {}) if out.strip().startswith("{") else {}
-        names = {"Q": "queued", "H": "held", "R": "running", "E": "exiting", "F": "finished"}
-        return {job: _pbs_state(jobs.get(job), names) for job in ids}
+    if site == "abci3":  # one job a call: OpenPBS 23.06's `qstat -x -f -F json A B` lists A alone
+        return {job: _pbs_state(_pbs_job(job)) for job in ids}
     if site == "slurm":
         out = _ask("sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(ids))
         found = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
@@ -56,9 +53,18 @@ def job_states(site: str, ids: Sequence[str]) -> dict[str, str]:
             for job in ids}
 
 
-def _pbs_state(info: dict | None, names: dict[str, str]) -> str:
+def _pbs_job(job: str) -> dict | None:
+    out = _ask("qstat", "-x", "-f", "-F", "json", job)
+    try:
+        return json.loads(out).get("Jobs", {}).get(job)
+    except ValueError:
+        return None
+
+
+def _pbs_state(info: dict | None) -> str:
     if not info:
         return "unknown"
+    names = {"Q": "queued", "H": "held", "R": "running", "E": "exiting", "F": "finished"}
     state = names.get(info.get("job_state", ""), "unknown")
     return f"{state} (exit {info['Exit_status']})" if state == "finished" and "Exit_status" in info else state
 

@@ -14,13 +14,13 @@ import json
 import os
 import resource
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from .atomic_text import replace_text
 from .errors import UsageError
 from .parallel.collectives import raise_if_any_rank_failed
 
@@ -215,10 +215,7 @@ class ProgressFile:
                  "steps_per_s": samples_per_s / self.items_per_step if samples_per_s else None,
                  "world_size": self.world_size, "job": self.job, "unix": time.time()}
         try:
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".progress.", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(state, f)
-            os.replace(tmp, self.path)
+            replace_text(self.path, json.dumps(state))
         except OSError as e:
             print(f"warning: {self.path}: {e.strerror or e}; the progress file stops here, training goes on",
                   file=sys.stderr, flush=True)

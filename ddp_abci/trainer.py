@@ -95,6 +95,17 @@ class Trainer:
             self.close()
             raise
 
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The model the loop calls: DDP-wrapped on several ranks, compiled with --compile; None
+        once run() has returned or close() was called."""
+        return self.built.model if self.built is not None else None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer the loop steps; None once run() has returned or close() was called."""
+        return self.built.optimizer if self.built is not None else None
+
     # -- the loop --------------------------------------------------------------------------
 
     def run(self) -> int:

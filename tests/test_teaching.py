@@ -373,8 +373,10 @@ def test_the_prepared_dataloader_reads_one_batch_ahead_and_syncs_on_the_epochs_l
     flags = facts["lookahead"][0]  # 5 batches, accumulate(K=2): the 5th syncs though its group has 1
     assert [end for end, _, _ in flags] == [False, False, False, False, True]
     assert [sync for _, sync, _ in flags] == [False, True, False, True, True]
-    groups = Groups(iter([torch.ones(1)] * 5), 2, CPU, False, stream=False, here="rank 0", step=lambda: 0)
-    assert [len(g.batches) for g in groups] == [2, 2, 1]  # raw: the last group is shorter, and syncs as its last
+    with one_rank_trainer(TrainConfig(global_batch=1)) as trainer:
+        groups = Groups(iter([torch.ones(1)] * 5), 2, CPU, False, stream=False, here="rank 0", step=lambda: 0,
+                        watchdog=trainer.watchdog)
+        assert [len(g.batches) for g in groups] == [2, 2, 1]  # raw: the last group is shorter, and syncs as its last
 
 
 def test_zero_grad_does_nothing_while_gradients_accumulate(make):
@@ -417,16 +419,20 @@ def test_a_short_last_accumulation_group(make):
 
 
 
-def test_comm_hook_power_sgd_on_gloo_aborts_a_model_of_two_buckets(mpirun):
+def test_comm_hook_power_sgd_on_gloo_fails_a_model_of_two_buckets(mpirun):
     # 0.6 M parameters: two gradient buckets (DDP's first is 1 MiB). PowerSGD issues its later
     # all-reduces from its futures' callbacks, which gloo runs as each finishes: the ranks' orders
-    # of the two buckets' collectives then differ, and gloo aborts.
+    # of the two buckets' collectives then differ, and gloo aborts on a size mismatch, or (5 runs
+    # of 11 here) a callback waits on a collective that its own gloo thread was to complete, and
+    # the job hangs past any timeout: 60 s (a run that works takes 4) stands for "forever".
     model = ("--dim-in", "1000", "--dim-hidden", "300", "--max-steps", "8", "--num-items", "2000")
     rendezvous = ("-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port('127.0.0.1')}")
-    theirs = run(on_ranks(2, "-m", "ddp_abci.compare.accelerate_env", os.sys.executable, "-m",
-                          "ddp_abci.compare.accelerate_variant", *model, "--comm-hook", "power_sgd",
-                          "--comm-state-option", '{"start_powerSGD_iter": 2}', mpirun_args=rendezvous))
-    assert theirs.returncode != 0 and "Received data size doesn't match expected size" in theirs.stdout
+    theirs = run(["timeout", "60", *on_ranks(2, "-m", "ddp_abci.compare.accelerate_env", os.sys.executable, "-m",
+                                             "ddp_abci.compare.accelerate_variant", *model, "--comm-hook", "power_sgd",
+                                             "--comm-state-option", '{"start_powerSGD_iter": 2}', "--timeout", "20",
+                                             mpirun_args=rendezvous)])
+    aborted = "Received data size doesn't match expected size" in theirs.stdout
+    assert aborted or theirs.returncode == 124, theirs.stdout  # 124: timeout(1) ended the hung job
     ours = run(on_ranks(2, "-m", "ddp_abci.train", *model, "--grad-compression", "powersgd",
                         "--powersgd-warmup-steps", "2"))
     assert ours.returncode == 0 and "done: 8 steps" in ours.stdout, ours.stdout  # each bucket in turn

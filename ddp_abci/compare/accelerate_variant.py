@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comm-state-option", type=json.loads, default={}, metavar="JSON",
                    help="its comm_state_option: PowerSGDState's keywords, e.g. "
                         "'{\"matrix_approximation_rank\": 1, \"start_powerSGD_iter\": 2}'")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="InitProcessGroupKwargs(timeout=...): how long a collective waits before it fails "
+                        "(default Accelerate's: 1,800 s on gloo, 600 s on NCCL)")
     return p
 
 
@@ -59,12 +62,14 @@ SHARED_FLAGS = ("epochs", "global_batch", "lr", "amp", "seed", "workers", "max_s
 
 
 def make_accelerator(amp: str, as_written: bool, seed: int = 0, comm_hook: str = "no",
-                     comm_state_option: dict | None = None):
+                     comm_state_option: dict | None = None, timeout_s: float | None = None):
     """The seed's Accelerator(...), with the two Accelerate 1.x facts made explicit, and the
-    DDP communication hook asked for as Accelerate's users ask for it."""
+    DDP communication hook and the collectives' timeout asked for as Accelerate's users ask."""
+    import datetime
+
     import torch
     from accelerate import Accelerator, DataLoaderConfiguration
-    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     launched = launched_world_size()
     if launched > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
@@ -75,6 +80,8 @@ def make_accelerator(amp: str, as_written: bool, seed: int = 0, comm_hook: str =
     cpu = not torch.cuda.is_available()
     handlers = [DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType(comm_hook),
                                               comm_state_option=comm_state_option or {})]
+    if timeout_s is not None:
+        handlers.append(InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=timeout_s)))
     if as_written:
         accelerator = Accelerator(mixed_precision=amp, split_batches=True, cpu=cpu, kwargs_handlers=handlers)
     else:
@@ -111,7 +118,7 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
 
     clock = SideClock(process_started or time.time())
     accelerator = make_accelerator(args.amp, args.as_written, args.seed, args.comm_hook,
-                                   args.comm_state_option)  # opens the process group
+                                   args.comm_state_option, args.timeout)  # opens the process group
     clock.mark("group")
     world = accelerator.num_processes
     split = accelerator.split_batches  # what Accelerate will really do, not what was asked

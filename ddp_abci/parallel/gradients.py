@@ -218,8 +218,6 @@ def gradient_path(name: str, compression: Compression | None = None) -> "Gradien
     return {"mpi": MPIGradients, "gloo": GlooGradients}.get(name, GradientPath)(name)
 
 
-# DDP's largest gradient bucket (bucket_cap_mb's default): the biggest all-reduce a step makes.
-BUCKET_BYTES = 25 * 2**20
 GLOO_MARGIN = 0.8  # gloo is taken where it all-reduces in under 0.8 of MPI's time
 
 
@@ -228,20 +226,20 @@ def measure_and_choose(gradient_bytes: int, watchdog: object = None) -> tuple[Gr
     for this model's gradient over these ranks' links, and the line that says so. Neither
     wins everywhere (docs/benchmark.md): on one host Open MPI's shared memory beats gloo's
     loopback TCP; across a slow link gloo's all-reduce can take half Open MPI's time. Every rank
-    takes the same verdict: each path's time is the median of its interleaved timed calls
-    (3 to TRIES of them, within MEASURE_BUDGET_S), the maximum over the ranks.
+    takes the same verdict: each path's time is the median of its blocks' means (_block_medians),
+    the maximum over the ranks.
     Returns: (the path, whose measured_ms holds mpi, gloo and the measuring's own cost, took;
     the line that says so)."""
     from mpi4py import MPI  # noqa: PLC0415  (only under mpirun: importing it starts MPI)
 
-    nbytes = max(4, min(gradient_bytes, BUCKET_BYTES))
+    nbytes = max(4, min(gradient_bytes, MEASURED_BYTES))
     buffer = torch.zeros(nbytes // 4)
     comm = MPI.COMM_WORLD
     timed = watchdog.waiting("measuring the gradient all-reduce, MPI against gloo") if watchdog else nullcontext()
     began = time.perf_counter()
     with timed:
-        times = _interleaved_medians([lambda: comm.Allreduce(MPI.IN_PLACE, buffer.numpy(), op=MPI.SUM),
-                                      lambda: dist.all_reduce(buffer)], lambda x: comm.allreduce(x, op=MPI.MAX))
+        times = _block_medians([lambda: comm.Allreduce(MPI.IN_PLACE, buffer.numpy(), op=MPI.SUM),
+                                lambda: dist.all_reduce(buffer)], lambda x: comm.allreduce(x, op=MPI.MAX))
         comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
     took_ms = (time.perf_counter() - began) * 1e3
     # gloo only when clearly faster: near a tie, a measurement's noise would pick either path,
@@ -254,26 +252,32 @@ def measure_and_choose(gradient_bytes: int, watchdog: object = None) -> tuple[Gr
                     f"{took_ms:.0f} ms")
 
 
-# Timed rounds of both paths, interleaved: as many as fit in MEASURE_BUDGET_S by the untimed
-# first round's time, within TRIES (one host: 7 rounds of a few milliseconds), and never
-# fewer than 3 (a large bucket across a slow link: seconds a round).
-TRIES, LEAST_TRIES, MEASURE_BUDGET_S = 7, 3, 2.0
+# What a step's all-reduce costs, as training meets it: each path in blocks of BLOCK consecutive
+# calls (after one untimed call that re-warms it), the paths' blocks alternating, as many rounds
+# as fit in MEASURE_BUDGET_S (2 to ROUNDS). Single calls, interleaved or best-of, mismeasured a
+# shaped link: across 100 Mbit/s the best of 3 gave MPI 69 ms in 2 of 4 tries, interleaved
+# singles gloo 97 ms, where 10 consecutive calls each took 124-130 and 69-72 ms; blocks gave 129.5
+# and 69-70 (docs/benchmark.md). MEASURED_BYTES: the two paths' ratio across that link was the
+# same at 0.8 MB and 8 MB (1.87, 1.85), and a 25 MB bucket's blocks would take a minute there.
+BLOCK, ROUNDS, MEASURE_BUDGET_S, MEASURED_BYTES = 3, 5, 3.0, 4 * 2**20
 
 
-def _interleaved_medians(calls: list, agree_max) -> np.ndarray:
-    """Each call's median time over the timed rounds, the calls taking turns within a round, so
-    that a passing load (another process's burst) falls on both paths, not on one path's tries;
-    first one untimed round (connections, buffers), whose time sets the number of rounds, alike
-    on every rank (agree_max(x): x's maximum over the ranks; the calls are collectives)."""
+def _block_medians(calls: list, agree_max) -> np.ndarray:
+    """Each call's time: the median over rounds of the mean of a block of BLOCK consecutive
+    calls, each block after one untimed call, the calls' blocks taking turns within a round.
+    The untimed first calls set the number of rounds, alike on every rank (agree_max(x): x's
+    maximum over the ranks; the calls are collectives)."""
     began = time.perf_counter()
     for call in calls:
         call()
     first = agree_max(time.perf_counter() - began)
-    tries = max(LEAST_TRIES, min(TRIES, int(MEASURE_BUDGET_S / max(first, 1e-9))))
-    times = np.zeros((tries, len(calls)))
-    for t in range(tries):
+    rounds = max(2, min(ROUNDS, int(MEASURE_BUDGET_S / max((BLOCK + 1) * first, 1e-9))))
+    means = np.zeros((rounds, len(calls)))
+    for r in range(rounds):
         for c, call in enumerate(calls):
-            began = time.perf_counter()
             call()
-            times[t, c] = time.perf_counter() - began
-    return np.median(times, axis=0)
+            started = time.perf_counter()
+            for _ in range(BLOCK):
+                call()
+            means[r, c] = (time.perf_counter() - started) / BLOCK
+    return np.median(means, axis=0)
