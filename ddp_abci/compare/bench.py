@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "comm_hook, for each of powersgd, fp16, bf16 (JSON key link)")
     p.add_argument("--peer-compression", default=None, metavar="KIND,...",
                    help="of --compression, the kinds Accelerate is given too (default: all of them; Accelerate's "
-                        "powersgd aborts on gloo for a model over 1 MiB: docs/accelerate.md)")
+                        "powersgd aborts or deadlocks on gloo for a model over 1 MiB: docs/accelerate.md)")
     p.add_argument("--powersgd-rank", type=int, default=1, help="PowerSGD's rank on both sides (default 1)")
     p.add_argument("--powersgd-warmup-steps", type=int, default=2,
                    help="steps all-reduced uncompressed before PowerSGD, on both sides (default 2)")
