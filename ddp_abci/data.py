@@ -21,14 +21,21 @@ class LinspaceDataset(Dataset):
     Indexed with a list of indices it returns the whole batch as one contiguous tensor,
     equal bit for bit to the items (`batched_getitem`): build_loader then fetches each batch
     with one vectorised product instead of a Python loop and a collate copy.
+
+    A set of at most KEPT_BYTES is made whole at its first batch and batches are copied out of
+    it (the seed's 10,000 x 1,000: 40 MB, made in tens of milliseconds): making each batch's
+    rows again cost more than the rest of the loop's own work on the seed's 1.4 ms step
+    (docs/benchmark.md, "the loop against DDP's floor"). A larger set makes each batch anew.
     """
 
     batched_getitem = True
+    KEPT_BYTES = 256 * 2**20
 
     def __init__(self, dim: int = 1000, num_items: int = 10000, start: int = 0) -> None:
         self.dim = dim
         self.start = start
         self.num_items = num_items
+        self._rows: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.num_items
@@ -36,6 +43,10 @@ class LinspaceDataset(Dataset):
     def __getitem__(self, idx: int | Sequence[int]) -> torch.Tensor:
         if isinstance(idx, (int, np.integer)):
             return torch.from_numpy(np.linspace(0, self.start + idx, self.dim).astype(np.float32))
+        if self._rows is None and self.num_items * self.dim * 4 <= self.KEPT_BYTES:
+            self._rows = linspace_rows(np.arange(self.num_items, dtype=np.float64) + self.start, self.dim)
+        if self._rows is not None:
+            return torch.from_numpy(self._rows[np.asarray(idx, dtype=np.intp)])  # a copy: the batch owns its rows
         return torch.from_numpy(linspace_rows(np.asarray(idx, dtype=np.float64) + self.start, self.dim))
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ddp_abci.checkpointing import checkpoint as ckpt
 from ddp_abci.config import TrainConfig
-from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, iterate, per_rank_batch
+from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, iterate, linspace_rows, per_rank_batch
 from ddp_abci.errors import UsageError
 from ddp_abci.model import SimpleModule
 from ddp_abci.parallel.launch import Launch
@@ -41,9 +41,19 @@ def test_a_batched_fetch_equals_the_items_one_by_one():
 @pytest.mark.parametrize("dim", [1, 2, 3, 7, 1000])
 def test_a_batched_fetch_equals_numpys_linspace_bit_for_bit_for_any_width_and_stop(dim):
     stops = [0, 1, 2, 3, 998, 999, 1000, 12345, 999_999, 2**31 - 1, 10**12 + 7]
-    rows = LinspaceDataset(dim=dim)[stops]
+    rows = linspace_rows(np.array(stops, dtype=np.float64), dim)
     for row, stop in zip(rows, stops, strict=True):
-        assert torch.equal(row, torch.from_numpy(np.linspace(0, stop, dim).astype(np.float32))), (dim, stop)
+        assert np.array_equal(row, np.linspace(0, stop, dim).astype(np.float32)), (dim, stop)
+
+
+def test_a_set_kept_whole_gives_the_batches_a_set_made_anew_gives():
+    kept, made = LinspaceDataset(num_items=300, start=7), LinspaceDataset(num_items=300, start=7)
+    made.KEPT_BYTES = 0  # over the bound: each batch's rows made anew
+    idx = [299, 0, 5, 5, 123]
+    assert torch.equal(kept[idx], made[idx]) and kept._rows is not None and made._rows is None
+    batch = kept[idx]
+    batch += 1  # a batch owns its rows: the kept set is unchanged
+    assert torch.equal(kept[idx], made[idx])
 
 
 @pytest.mark.parametrize("workers", [0, 1])
