@@ -22,10 +22,9 @@ class LinspaceDataset(Dataset):
     equal bit for bit to the items (`batched_getitem`): build_loader then fetches each batch
     with one vectorised product instead of a Python loop and a collate copy.
 
-    A set of at most KEPT_BYTES is made whole at its first batch and batches are copied out of
-    it (the seed's 10,000 x 1,000: 40 MB, made in tens of milliseconds): making each batch's
-    rows again cost more than the rest of the loop's own work on the seed's 1.4 ms step
-    (docs/benchmark.md, "the loop against DDP's floor"). A larger set makes each batch anew.
+    A set of at most KEPT_BYTES is made whole at its first batch, and each batch is a copy of
+    its rows; a larger set makes each batch's rows anew. Why: docs/benchmark.md, "The loop
+    against DDP's floor".
     """
 
     batched_getitem = True

@@ -424,8 +424,8 @@ def test_comm_hook_power_sgd_on_gloo_fails_a_model_of_two_buckets(mpirun):
     # all-reduces from its futures' callbacks, which gloo runs as each finishes: the ranks' orders
     # of the two buckets' collectives then differ, and gloo aborts on a size mismatch, or a
     # callback waits for a collective the other rank has not issued: until the group's timeout
-    # (--timeout 20), or past it (5 runs of 11 here: py-spy shows both ranks' callback threads
-    # waiting on an all-reduce's future). 60 s (a run that works takes 4) stands for "forever".
+    # (--timeout 20), or past it (docs/accelerate.md). 60 s, where a run that works takes
+    # seconds, stands for "forever".
     model = ("--dim-in", "1000", "--dim-hidden", "300", "--max-steps", "8", "--num-items", "2000")
     rendezvous = ("-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port('127.0.0.1')}")
     theirs = run(["timeout", "60", *on_ranks(2, "-m", "ddp_abci.compare.accelerate_env", os.sys.executable, "-m",

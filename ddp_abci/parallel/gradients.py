@@ -254,11 +254,10 @@ def measure_and_choose(gradient_bytes: int, watchdog: object = None) -> tuple[Gr
 
 # What a step's all-reduce costs, as training meets it: each path in blocks of BLOCK consecutive
 # calls (after one untimed call that re-warms it), the paths' blocks alternating, as many rounds
-# as fit in MEASURE_BUDGET_S (2 to ROUNDS). Single calls, interleaved or best-of, mismeasured a
-# shaped link: across 100 Mbit/s the best of 3 gave MPI 69 ms in 2 of 4 tries, interleaved
-# singles gloo 97 ms, where 10 consecutive calls each took 124-130 and 69-72 ms; blocks gave 129.5
-# and 69-70 (docs/benchmark.md). MEASURED_BYTES: the two paths' ratio across that link was the
-# same at 0.8 MB and 8 MB (1.87, 1.85), and a 25 MB bucket's blocks would take a minute there.
+# as fit in MEASURE_BUDGET_S (2 to ROUNDS). Single calls, best-of or interleaved, chose the
+# wrong path across a slow link, where a lone call's time is not a run of calls' (docs/benchmark.md,
+# "Models of real size, and a slow link"). MEASURED_BYTES: the paths' ratio did not change with
+# the size measured beyond it.
 BLOCK, ROUNDS, MEASURE_BUDGET_S, MEASURED_BYTES = 3, 5, 3.0, 4 * 2**20
 
 
