@@ -2,7 +2,7 @@
 
 Each field carries its flag, help and valid range (options.option): the command line and
 the checks are made from them. The seed's own job (its model's size, its data, its loss)
-is not here but in seed_job.AutoencoderJob: these fields mean the same for any model.
+is not here but in autoencoder_job.AutoencoderJob: these fields mean the same for any model.
 """
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
     Returns: the exit status: 0 done, 75 stopped by SIGTERM/SIGUSR1/Ctrl-C or --stop-after
         with a checkpoint to resume, 2 bad input (one `error:` line printed, nothing written),
         65 diverged, 69 a rank stopped answering, 74 a checkpoint could not be written
-        (errors.py).
+        (exits.py).
     Raises: nothing for the statuses above; an unexpected failure (a bug, CUDA out of memory)
         on one rank ends every rank with exit 1 and the traceback.
     """

@@ -2,8 +2,8 @@
 ddp_abci.compare.comm_choice --launches 20 [--world-size 2] [--dim-in 1000 --dim-hidden 100]
 [--out FILE.json]` (under mpirun's rules: root needs OMPI_ALLOW_RUN_AS_ROOT, as scripts/bench.sh sets).
 
-Each launch is a fresh `mpirun` of the trainer for one step; its start-up line says what it
-measured and chose (parallel/gradients.measure_and_choose). The report: the choices counted,
+Each launch is a fresh `mpirun` of the trainer for one step; its summary JSON says what it
+measured and chose (`gradients`, `gradients_measured_ms`). The report: the choices counted,
 each launch's milliseconds through MPI and gloo, and what the measuring cost at start-up.
 Exit status 0 when every launch chose alike, 1 otherwise.
 """
@@ -12,29 +12,28 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import re
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-
-LINE = re.compile(r"took ([\d.]+) ms through MPI, ([\d.]+) ms through gloo: via (\w+) \(--comm auto\)"
-                  r"(?:; measuring took (\d+) ms)?")
 
 
 def one_launch(args: argparse.Namespace) -> dict:
     """One fresh mpirun of one step: what its start-up measured and chose."""
-    cmd = [args.mpirun, "-n", str(args.world_size), "--oversubscribe", "--mca", "btl", "self,sm,tcp",
-           sys.executable, "-m", "ddp_abci.train", "--max-steps", "1", "--epochs", "1", "--num-items", "100",
-           "--dim-in", str(args.dim_in), "--dim-hidden", str(args.dim_hidden)]
-    out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300).stdout
-    found = LINE.search(out)
-    if found is None:
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "summary.json"
+        cmd = [args.mpirun, "-n", str(args.world_size), "--oversubscribe", "--mca", "btl", "self,sm,tcp",
+               sys.executable, "-m", "ddp_abci.train", "--max-steps", "1", "--epochs", "1", "--num-items", "100",
+               "--dim-in", str(args.dim_in), "--dim-hidden", str(args.dim_hidden), "--summary-json", str(summary)]
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300).stdout
+        result = json.loads(summary.read_text()) if summary.exists() else {}
+    measured = result.get("gradients_measured_ms")
+    if not measured:
         return {"failed": out.strip().splitlines()[-3:]}
-    mpi, gloo, chosen, took = found.groups()
-    return {"mpi_ms": float(mpi), "gloo_ms": float(gloo), "chose": chosen,
-            "measuring_ms": int(took) if took else None}
+    return {"mpi_ms": round(measured["mpi"], 2), "gloo_ms": round(measured["gloo"], 2), "chose": result["gradients"],
+            "measuring_ms": round(measured["took"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = [r for r in launches if "chose" in r]
     report = {"launches": launches, "chosen": dict(chosen), "world_size": args.world_size,
               "dim_in": args.dim_in, "dim_hidden": args.dim_hidden,
-              "measuring_ms_median": statistics.median(r["measuring_ms"] for r in ok)
-              if ok and all(r["measuring_ms"] is not None for r in ok) else None}
+              "measuring_ms_median": statistics.median(r["measuring_ms"] for r in ok) if ok else None}
     print(f"chosen: {dict(chosen)}; measuring took {report['measuring_ms_median']} ms (median)")
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

@@ -8,7 +8,7 @@ the DDP strategy (CPU or one GPU a rank) and the same model, data,
 global batch, loss and optimizer as the other sides: the seed's autoencoder, LinspaceDataset,
 RMSE, Adam (0, 0.99) in torch's per-tensor loop. Each rank takes every W-th item of each
 global batch through a DistributedSampler, as the raw trainer's default split. Written as a
-Fabric user would; only the benchmark's stopwatch (compare/side.py) is ours.
+Fabric user would; only the benchmark's stopwatch (compare/side_clock.py) is ours.
 
 lightning is imported only when this module runs: an optional extra (`bench`).
 """
