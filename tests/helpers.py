@@ -116,6 +116,18 @@ def rank_pids(mpirun_pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def end_job(proc: subprocess.Popen) -> None:
+    """Kill an mpirun job that may still run, ranks first, and reap it. Open MPI 5 starts each
+    rank in a process group of its own, and a rank whose mpirun was SIGKILLed is not killed with
+    it: a 2-rank gloo run killed so trained on orphaned, or waited, for minutes."""
+    if proc.poll() is None:
+        for pid in rank_pids(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+    proc.wait()
+
+
 def signal_ranks(mpirun_pid: int, sig: signal.Signals) -> None:
     for pid in rank_pids(mpirun_pid):
         os.kill(pid, sig)

@@ -13,6 +13,7 @@ import torch
 
 from helpers import (
     assert_clean,
+    end_job,
     load,
     on_ranks,
     rank_pids,
@@ -46,7 +47,7 @@ def test_a_killed_rank_costs_at_most_the_save_interval_and_the_resume_ends_bit_f
         out, _ = proc.communicate(timeout=10 + 30)
         took = time.monotonic() - killed
     finally:
-        proc.kill()
+        end_job(proc)
     assert proc.returncode != 0 and took < 10 + 30, (took, "".join(seen) + out)
     resumed = run_mpi(2, *EPOCH, "--ckpt-dir", str(tmp_path), *SAVE, "--resume")
     assert_clean(resumed)
@@ -111,7 +112,7 @@ def test_a_failed_background_write_ends_the_run_at_the_next_save_point_with_74(t
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         out, _ = proc.communicate(timeout=60)
     finally:
-        proc.kill()
+        end_job(proc)
         if filler is not None:
             filler.kill()
             filler.wait()

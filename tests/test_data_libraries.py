@@ -31,6 +31,7 @@ def corpus(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.untimed
 def test_the_recipes_in_docs_data_md_run_as_written_and_train_their_epoch(corpus, tmp_path):
     proc = run(on_ranks(2, "tests/data_recipes_script.py", str(corpus), str(tmp_path)), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -74,18 +75,21 @@ def _assert_resumed_exactly(ranks: list[dict]) -> None:
         assert runs["first"]["trained"] + runs["rest"]["trained"] == runs["whole"]["trained"], rank
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("case", EXACT)
 def test_each_item_trains_once_an_epoch_whatever_the_library_splits_itself(results, case, workers):
     _assert_each_item_once(results[case, workers])
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("workers", WORKERS)
 @pytest.mark.parametrize("case", EXACT)
 def test_a_run_stopped_mid_epoch_resumes_to_the_uninterrupted_items_in_order_rank_by_rank(results, case, workers):
     _assert_resumed_exactly(results[case, workers])
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("workers", WORKERS)
 def test_an_unseeded_shuffle_is_said_before_the_first_step_and_its_mid_epoch_resume_refused(results, workers):
     ranks = results["wds-unseeded-shuffle", workers]
@@ -98,18 +102,21 @@ def test_an_unseeded_shuffle_is_said_before_the_first_step_and_its_mid_epoch_res
     assert "mid-epoch in an order drawn from seed" in error_lines(rest["printed"])[0]
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("case", ["litdata", "sized"])
 def test_a_stream_whose_length_is_known_says_its_epoch_in_batches_of_this_rank(results, case):
     # litdata's length is each rank's (500 items: 50 batches of 10), a stream's own __len__ the whole stream's
     assert "training: 1 epochs of 50 batches, global batch 20 (10 per rank)" in results[case, 0][0]["whole"]["printed"]
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("case", ["hf", "litdata"])
 def test_a_library_with_a_state_resumes_from_it_reading_nothing_again(results, case):
     printed = results[case, 2][0]["rest"]["printed"]
     assert "resume: rank 0's stream, worker 1: went on from" in printed and "items again" not in printed, printed
 
 
+@pytest.mark.untimed
 def test_a_webdataset_pipeline_without_a_state_is_replayed_to_each_workers_position(results):
     printed = results["wds", 2][0]["rest"]["printed"]
     assert "resume: rank 0's stream, worker 1: read 80 items again" in printed, printed  # 8 of its 17 batches

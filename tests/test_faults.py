@@ -9,6 +9,7 @@ import pytest
 
 from helpers import (
     assert_clean,
+    end_job,
     env,
     load,
     one_error,
@@ -70,7 +71,7 @@ def _stop_test(tmp_path, send, args=LONG, after="epoch 2/1000"):  # the tests us
         out, _ = proc.communicate(timeout=30)
         return proc.returncode, out, time.monotonic() - sent
     finally:
-        proc.kill()
+        end_job(proc)
 
 
 def test_sigterm_to_every_rank_stops_at_one_step_saves_and_exits_75(tmp_path, mpirun):
@@ -115,7 +116,7 @@ def test_a_killed_rank_ends_the_job_non_zero_within_a_minute_and_the_checkpoint_
         proc.communicate(timeout=60)
         assert time.monotonic() - killed < 60
     finally:
-        proc.kill()
+        end_job(proc)
     assert proc.returncode != 0
     assert load(tmp_path / "last.pt")["epoch"] >= 1
 

@@ -302,6 +302,7 @@ def test_a_job_stopped_without_a_checkpoint_folder_says_its_work_is_lost(tmp_pat
     assert "resubmit with the same CKPT_DIR" not in proc.stdout
 
 
+@pytest.mark.untimed
 def test_eight_ranks_on_a_node_train_with_the_documented_defaults(localhost, mpirun):
     # This machine has 2 cores, a node of ABCI 8 GPUs: the mapping is told to oversubscribe, not bind.
     e = job_env(localhost, NPROC_PER_NODE="8", MAP_BY="ppr:8:node:OVERSUBSCRIBE", MPI_ARGS="--bind-to none",

@@ -12,6 +12,7 @@ import pytest
 from helpers import (
     REPO,
     assert_clean,
+    end_job,
     env,
     load,
     one_error,
@@ -130,7 +131,7 @@ def test_sigterm_to_a_bare_mpirun_leaves_a_whole_checkpoint(tmp_path, mpirun):
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
     finally:
-        proc.kill()
+        end_job(proc)
     assert proc.returncode != 0
     assert load(tmp_path / "last.pt")["epoch"] >= 3
     assert_clean(run_mpi(2, "--epochs", "1", "--num-items", "400", "--ckpt-dir", str(tmp_path), "--resume"))

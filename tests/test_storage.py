@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from helpers import load, run_mpi, start_mpi, train_here, wait_for_line
+from helpers import end_job, load, run_mpi, start_mpi, train_here, wait_for_line
 
 LONG = ["--epochs", "1000", "--num-items", "400", "--bs", "50"]
 
@@ -53,7 +53,7 @@ def _fail_mid_run(d, damage) -> subprocess.CompletedProcess:
         damage(d)
         out, _ = proc.communicate(timeout=60)
     finally:
-        proc.kill()
+        end_job(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out)
 
 

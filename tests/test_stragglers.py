@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, env, mpirun_cmd, rank_pids, wait_for_line
+from helpers import REPO, end_job, env, mpirun_cmd, rank_pids, wait_for_line
 
 pytestmark = pytest.mark.usefixtures("mpirun")
 CPU = Path("/sys/fs/cgroup/cpu")
@@ -32,12 +32,21 @@ def throttle():
         (group / "cpu.cfs_quota_us").write_text("1000")
         yield slow
     finally:
-        for pid in (group / "cgroup.procs").read_text().split():
+        # A killed rank leaves the group only once it has exited, at the quota's pace: retried.
+        deadline = time.monotonic() + 10
+        while True:
+            for pid in (group / "cgroup.procs").read_text().split():
+                try:
+                    (CPU / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass  # it ended meanwhile
             try:
-                (CPU / "cgroup.procs").write_text(pid)
+                group.rmdir()
+                break
             except OSError:
-                pass  # it ended meanwhile
-        group.rmdir()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
 
 def start(comm, *args):
@@ -59,8 +68,7 @@ def test_a_throttled_rank_is_named_within_two_report_intervals(throttle, comm):
         lines = wait_for_line(proc, "straggler: rank 1", timeout=3 * REPORT_S + 10)
         took = time.monotonic() - throttled
     finally:
-        proc.kill()
-        proc.communicate()
+        end_job(proc)
     named = lines[-1]
     assert "(host " in named and "score 0." in named and "its step compute" in named, named
     assert took < 2 * REPORT_S + 4, (took, "".join(lines))  # two intervals, and the agreement's few steps
@@ -69,8 +77,11 @@ def test_a_throttled_rank_is_named_within_two_report_intervals(throttle, comm):
 @pytest.mark.parametrize("comm", ["mpi", "gloo"])
 def test_a_healthy_run_names_nobody(tmp_path, comm):
     summary = tmp_path / "summary.json"
-    proc = subprocess.run(mpirun_cmd(2, "--epochs", "150", "--num-items", "400", "--comm", comm, "--log-every", "1",
-                                     "--summary-json", str(summary)),
+    # Steps of a few ms, as the throttled run's: steps of tens of microseconds (the seed's model)
+    # are a third slower on a core shared with the suite's idle-priority lane from cache and
+    # wake-up costs alone, and such a rank is rightly named (docs/testing.md).
+    proc = subprocess.run(mpirun_cmd(2, "--epochs", "60", "--num-items", "400", "--dim-hidden", "1000", "--comm", comm,
+                                     "--log-every", "1", "--summary-json", str(summary)),
                           cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout
     assert "straggler:" not in proc.stdout, proc.stdout

@@ -14,7 +14,7 @@ from torch.utils.data import IterableDataset
 from ddp_abci.errors import UsageError
 from ddp_abci.sharded_files import ShardedFiles
 from ddp_abci.streams import Stream
-from helpers import REPO, assert_clean, env, load, on_ranks, rank_pids, run, same_tensors, wait_for_line
+from helpers import REPO, assert_clean, end_job, env, load, on_ranks, rank_pids, run, same_tensors, wait_for_line
 
 pytestmark = pytest.mark.usefixtures("mpirun")
 
@@ -56,6 +56,7 @@ def test_a_plain_stream_stopped_mid_epoch_replays_to_its_position_and_trains_eac
     assert sorted(trained(tmp_path, 0) + trained(tmp_path, 1)) == list(range(1000))
 
 
+@pytest.mark.untimed
 def test_sharded_files_stopped_mid_epoch_resume_bit_for_bit_and_open_no_finished_file(tmp_path):
     flags = ["--workers", "2", "--epochs", "2", "--log-every", "0.05"]
     whole, out = tmp_path / "whole", tmp_path / "stopped"
@@ -74,7 +75,7 @@ def test_sharded_files_stopped_mid_epoch_resume_bit_for_bit_and_open_no_finished
             os.kill(pid, signal.SIGTERM)  # as the scheduler's walltime does
         stop_out, _ = proc.communicate(timeout=60)
     finally:
-        proc.kill()
+        end_job(proc)
     assert proc.returncode == 75, stop_out
     saved = load(out / "ck" / "last.pt")
     assert saved["epoch"] == 0 and saved["batch_in_epoch"] > 0, saved["batch_in_epoch"]

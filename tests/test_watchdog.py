@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import REPO, env, error_lines, load, on_ranks, rank_pids, wait_for_line
+from helpers import REPO, end_job, env, error_lines, load, on_ranks, rank_pids, wait_for_line
 
 pytestmark = pytest.mark.usefixtures("mpirun")
 
@@ -25,7 +25,7 @@ def finish(proc, started):
     try:
         out, _ = proc.communicate(timeout=TIMEOUT + 30)
     finally:
-        proc.kill()
+        end_job(proc)
     return proc.returncode, out, time.monotonic() - started
 
 
