@@ -77,9 +77,9 @@ def test_a_throttled_rank_is_named_within_two_report_intervals(throttle, comm):
 @pytest.mark.parametrize("comm", ["mpi", "gloo"])
 def test_a_healthy_run_names_nobody(tmp_path, comm):
     summary = tmp_path / "summary.json"
-    # Steps of a few ms, as the throttled run's: steps of tens of microseconds (the seed's model)
-    # are a third slower on a core shared with the suite's idle-priority lane from cache and
-    # wake-up costs alone, and such a rank is rightly named (docs/testing.md).
+    # Steps of a few ms, as the throttled run's: the seed's short steps, on cores the suite's
+    # idle-priority lane shares, can differ by a third between ranks for a report interval, and
+    # a rank of a healthy run was named (docs/testing.md).
     proc = subprocess.run(mpirun_cmd(2, "--epochs", "60", "--num-items", "400", "--dim-hidden", "1000", "--comm", comm,
                                      "--log-every", "1", "--summary-json", str(summary)),
                           cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
