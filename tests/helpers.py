@@ -119,7 +119,7 @@ def rank_pids(mpirun_pid: int) -> list[int]:
 def end_job(proc: subprocess.Popen) -> None:
     """Kill an mpirun job that may still run, ranks first, and reap it. Open MPI 5 starts each
     rank in a process group of its own, and a rank whose mpirun was SIGKILLed is not killed with
-    it: a 2-rank gloo run killed so trained on orphaned, or waited, for minutes."""
+    it: a rank of a gloo run killed so lived on, orphaned and waiting, for over 100 s."""
     if proc.poll() is None:
         for pid in rank_pids(proc.pid):
             with contextlib.suppress(ProcessLookupError):
