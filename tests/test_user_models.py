@@ -33,21 +33,15 @@ def test_a_model_on_tuple_items_trains_checkpoints_and_evaluates(tuples_on_two):
 
 
 @pytest.fixture(scope="module")
-def whole_noisy_run(tmp_path_factory):
-    """A model's uninterrupted run with --noise (the dataset draws from numpy's global RNG), made
-    once a module: it serves two tests."""
-    runs = {}
-
-    def run_of(kind):
-        if kind not in runs:
-            folder = tmp_path_factory.mktemp(f"{kind}-whole")
-            runs[kind] = user_run(2, kind, folder, "--noise"), folder
-        return runs[kind]
-    return run_of
+def dicts_noisy_run(tmp_path_factory):
+    """The dict items' model's uninterrupted run with --noise (the dataset draws from numpy's
+    global RNG) on 2 ranks, made once a module: it serves two tests."""
+    folder = tmp_path_factory.mktemp("dicts-whole")
+    return user_run(2, "dicts", folder, "--noise"), folder
 
 
-def test_a_model_with_batchnorm_and_two_inputs_on_dict_items_trains(whole_noisy_run):
-    proc, folder = whole_noisy_run("dicts")
+def test_a_model_with_batchnorm_and_two_inputs_on_dict_items_trains(dicts_noisy_run):
+    proc, folder = dicts_noisy_run
     assert_clean(proc)
     state = load(folder / "last.pt")
     assert state["model"]["norm.num_batches_tracked"].item() == 18  # the buffers trained too
@@ -62,14 +56,13 @@ def test_two_ranks_end_with_the_weights_of_one_rank_on_the_same_global_batch(tup
         torch.testing.assert_close(two[name], one[name], rtol=0, atol=1e-5)
 
 
-def test_a_user_model_stopped_and_resumed_equals_the_uninterrupted_run(whole_noisy_run, tmp_path):
+def test_a_user_model_stopped_and_resumed_equals_the_uninterrupted_run(dicts_noisy_run, tmp_path):
     # --noise: numpy's global RNG, which the checkpoint must restore per rank. The dict items'
     # model (batch norm, two inputs) only: what is restored does not depend on the items' kind.
-    kind = "dicts"
-    whole, folder = whole_noisy_run(kind)
+    whole, folder = dicts_noisy_run
     assert_clean(whole)
-    assert_clean(user_run(2, kind, tmp_path, "--noise", "--max-steps", "8"))  # mid-epoch 2
-    resumed = user_run(2, kind, tmp_path, "--noise", "--resume")
+    assert_clean(user_run(2, "dicts", tmp_path, "--noise", "--max-steps", "8"))  # mid-epoch 2
+    resumed = user_run(2, "dicts", tmp_path, "--noise", "--resume")
     assert_clean(resumed)
     assert "at epoch 1, batch 2, step 8" in resumed.stdout
     assert same_tensors(load(folder / "last.pt")["model"], load(tmp_path / "last.pt")["model"])
