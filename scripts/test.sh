@@ -13,7 +13,7 @@ for a in "$@"; do
 done
 if [ "${DRY_RUN:-}" = 1 ]; then
     if [ "$#" -gt 0 ]; then run=".venv/bin/python -m pytest ${args[*]}"; else
-        run="chrt --idle 0 .venv/bin/python -m pytest -m untimed ... & .venv/bin/python -m pytest -m 'not untimed'"; fi
+        run="chrt --idle 0 .venv/bin/python -m pytest -m untimed ... & .venv/bin/python -m pytest -m 'not untimed and not alone'; then .venv/bin/python -m pytest -m alone"; fi
     echo "dry run: scripts/setup.sh beside apt-get install of the schedulers' packages (root); .venv/bin/ruff check .; $run"
     exit 0
 fi
@@ -64,15 +64,19 @@ fi
 # left a quarter of the two cores' time idle (scheduler waits, watchdog timeouts: docs/testing.md;
 # with the lanes they are 94 to 100 % busy). The tests that assert nothing about time (marked
 # untimed) fill it at SCHED_IDLE priority, which runs only where a core would otherwise idle: the
-# timed tests get the cores whenever they want them.
+# timed tests get the cores whenever they want them. Only a core: the idle lane still runs where a
+# rank waits, so the tests that compare ranks' speeds (marked alone) run after both lanes.
 lane=$(mktemp -d)
 chrt --idle 0 .venv/bin/python -m pytest -m untimed -p no:cacheprovider --basetemp "$lane/tmp" >"$lane/log" 2>&1 &
 untimed=$!
-.venv/bin/python -m pytest -m "not untimed"
+.venv/bin/python -m pytest -m "not untimed and not alone"
 timed_rc=$?
 wait "$untimed"
 untimed_rc=$?
 echo "=== the untimed tests (at idle priority beside the above) ==="
 cat "$lane/log"
 rm -rf "$lane"
-pytest_ok "$timed_rc" "(timed)" && pytest_ok "$untimed_rc" "(untimed)"
+echo "=== the tests that compare ranks' speeds (alone, after both lanes) ==="
+.venv/bin/python -m pytest -m alone -p no:cacheprovider
+alone_rc=$?
+pytest_ok "$timed_rc" "(timed)" && pytest_ok "$untimed_rc" "(untimed)" && pytest_ok "$alone_rc" "(alone)"

@@ -7,7 +7,8 @@ tiered by hand.
 A module whose tests assert nothing about time (no bound on how long something took, no speed,
 no timeout to be met, no namespaces) says so with `pytestmark = pytest.mark.untimed`, a single
 test with `@pytest.mark.untimed`: the full suite runs those at idle CPU priority beside the
-others (scripts/test.sh)."""
+others (scripts/test.sh). A module that compares ranks' speeds with each other says
+`pytestmark = pytest.mark.alone`: the full suite runs it after both lanes, on a machine of its own."""
 import os
 import shutil
 from pathlib import Path
@@ -26,14 +27,15 @@ def pytest_configure(config):
                                        "(set by conftest.py from the fixtures a test uses)")
     config.addinivalue_line("markers", "untimed: asserts nothing about time; scripts/test.sh runs these at idle "
                                        "CPU priority beside the others")
+    config.addinivalue_line("markers", "alone: compares ranks' speeds; scripts/test.sh runs these after the other "
+                                       "tests, with nothing beside them")
 
 
 # The modules whose tests mostly wait on clocks (walltimes, timeouts, report intervals) run first:
 # in the full suite the untimed lane fills those waits, and the CPU-bound rest, last, keeps both
 # cores busy after that lane has finished (a fresh clone's last minute, with them last, ran at
 # 50 to 65 % of the two cores: docs/testing.md).
-WAITING = ("test_pbs.py", "test_slurm.py", "test_grid_engine.py", "test_watchdog.py", "test_two_hosts.py",
-           "test_stragglers.py")
+WAITING = ("test_pbs.py", "test_slurm.py", "test_grid_engine.py", "test_watchdog.py", "test_two_hosts.py")
 
 
 def pytest_collection_modifyitems(config, items):
