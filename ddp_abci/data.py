@@ -167,6 +167,8 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
 def batch_len(batch: Any) -> int:
     """Items in a batch: the first dimension of its first tensor (depth first), else the
     length of its first list (default_collate makes a list of a batch's strings)."""
+    if isinstance(batch, torch.Tensor):  # the common batch, without the search
+        return batch.shape[0] if batch.dim() else 1
     found = _first_tensor(batch)
     if found is not None:
         return found.shape[0] if found.dim() else 1

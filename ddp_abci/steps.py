@@ -104,6 +104,8 @@ class Groups:
         if not items:
             return None
         batches, where = ([b for b, _ in items], [w for _, w in items]) if self.stream else (items, [])
+        if self.device.type == "cpu":  # the batches are where the step needs them (CPU: no CUDA to come from)
+            return Group(batches, where)
         return Group([to_device(b, self.device, non_blocking=self.non_blocking) for b in batches], where)
 
 
@@ -129,7 +131,9 @@ def train_step(trainer: Any, micro_batches: list[Any]) -> StepResult:
                 what = "the backward pass failed"
                 with backward_phase(watchdog, last and trainer.launch.world_size > 1, built.gradients):
                     built.scaler.scale(loss / count if count > 1 else loss).backward()
-            loss = loss.detach().float()  # summed in float32 whatever autocast returned (a no-op in fp32)
+            loss = loss.detach()
+            if loss.dtype != torch.float32:  # summed in float32 whatever autocast returned
+                loss = loss.float()
             loss_sum = loss if loss_sum is None else loss_sum + loss
             samples += batch_len(batch)
     except Exception as e:

@@ -259,11 +259,10 @@ class RunTrackers:
             self.board.step(step, {"loss": value, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
                                    "scale": scale})
 
-    def after_step(self, step: int, epoch: int, result: Any, optimizer: Any, scaler: Any, clock: Clock, tally: Any,
-                   where: Callable[[], str]) -> None:
-        """Everything a step feeds: the throughput clock, the logs, the progress line (`where`
-        the run is, formed only when the line is due)."""
-        now = time.perf_counter()
+    def after_step(self, now: float, step: int, epoch: int, result: Any, optimizer: Any, scaler: Any, clock: Clock,
+                   tally: Any, where: Callable[[], str]) -> None:
+        """Everything a step that ended at `now` (time.perf_counter()) feeds: the throughput
+        clock, the logs, the progress line (`where` the run is, formed only when the line is due)."""
         clock.step_done(now, result.samples)
         if self.recording:  # only then: under fp16 get_scale() is a host sync
             self.step(step, epoch, result.samples, result.loss, optimizer.param_groups[0]["lr"], result.grad_norm,

@@ -18,6 +18,7 @@ import contextlib
 import gc
 import math
 import socket
+import time
 from typing import Any, Callable, Mapping
 
 import torch
@@ -32,7 +33,7 @@ from .errors import Diverged, RunError, SaveFailed
 from .evaluation import MetricFn, default_metrics, evaluate
 from .exits import end_of_run
 from .model import LossFn, OptimizerFactory, unwrap
-from .parallel.collectives import all_ranks, broadcast_buffers, check_replicas_agree, print_main, rank0_decides, reduce
+from .parallel.collectives import all_ranks, broadcast_buffers, check_replicas_agree, print_main, rank0_decides
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest, signal_name
 from .parallel.watchdog import Watchdog, collective
@@ -159,9 +160,10 @@ class Trainer:
         for group in self.groups if not stopped_by else ():
             result = self.train_step(group.batches)
             self._count(result, group)
-            if self.eval_every_steps and self.step % self.eval_every_steps == 0:
+            step = self.position.step
+            if self.eval_every_steps and step % self.eval_every_steps == 0:
                 self._evaluate()  # before any save at this step: a resume from it neither repeats nor skips it
-            if built.agreement.due(self.step) or self._at_save_point() or built.save_points.step_due(self.step):
+            if built.agreement.due(step) or self._at_save_point() or built.save_points.step_due(step):
                 stopped_by = self._agree()
                 if stopped_by or self._at_save_point():
                     break
@@ -186,15 +188,16 @@ class Trainer:
 
     def _count(self, result: StepResult, group: Any) -> None:
         """A step done: the tallies, the clocks, the logs, the stream's position."""
+        now, built, position = time.perf_counter(), self.built, self.position
         self.tally.add(result)
-        self.position.advance(len(group.batches))
-        self.step_clock.step_done()
+        position.advance(len(group.batches))
+        self.step_clock.step_done(now)
         for where in group.where:
-            self.built.batches.trained_one(where)
-        self.steps_left = None if self.steps_left is None else self.steps_left - 1
-        built = self.built
-        built.trackers.after_step(self.step, self.epoch, result, built.optimizer, built.scaler, self.clock, self.tally,
-                                  self._where)
+            built.batches.trained_one(where)
+        if self.steps_left is not None:
+            self.steps_left -= 1
+        built.trackers.after_step(now, position.step, position.epoch, result, built.optimizer, built.scaler,
+                                  self.clock, self.tally, self._where)
         built.agreement.watch(result.grad_norm, result.skipped)
 
     def _where(self) -> str:
@@ -258,12 +261,13 @@ class Trainer:
         tally, batches = self.tally, self.built.batches
         ahead = self.groups.dropped_items() if self.stream and self._epoch_done() else 0
         short = batches.dropped if self.stream else 0
-        totals = reduce(torch.tensor([tally.loss_sum.item(), tally.steps, ahead, short], dtype=torch.float64,
-                                     device=self.device), "sum")
-        mean = (totals[0] / totals[1].clamp(min=1)).item()
+        totals = [tally.loss_sum.item(), tally.steps, ahead, short]
+        if self.launch.world_size > 1:  # through the gradients' path: MPI's all-reduce where it carries them
+            totals = self.built.gradients.sum_vector(totals, self.device)
+        mean = totals[0] / max(totals[1], 1)
         part = "" if self._epoch_done() or not batches.sized else f" [{self.batch_in_epoch}/{len(batches)} batches]"
         print_main(self.launch, epoch_line(f"{self.epoch + 1}/{self.config.epochs}{part}", mean, tally,
-                                           int(totals[2].item()), int(totals[3].item())))
+                                           int(totals[2]), int(totals[3])))
         stragglers = self.built.stragglers
         self.built.trackers.scalars(self.step, {"epoch_loss": mean, **(stragglers.tracked() if stragglers else {})})
         self.built.trackers.epoch_ended(self.step, self.epoch, self.clock.samples_per_s())

@@ -38,6 +38,7 @@ for name in ("all_reduce", "broadcast", "all_gather", "all_gather_object", "broa
     setattr(dist, name, recorded(name, getattr(dist, name)))
 mpi_hook.mpi_allreduce_hook = recorded("mpi gradient all-reduce", mpi_hook.mpi_allreduce_hook)
 gradients.MPIGradients.max_vector = recorded("mpi control all-reduce", gradients.MPIGradients.max_vector)
+gradients.MPIGradients.sum_vector = recorded("mpi control all-reduce", gradients.MPIGradients.sum_vector)
 
 
 class StopOnRankOne:

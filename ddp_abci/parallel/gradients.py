@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from .mpi_hook import mpi_max_vector, register_mpi_hook
+from .mpi_hook import mpi_max_vector, mpi_sum_vector, register_mpi_hook
 
 
 class Compression:
@@ -161,6 +161,12 @@ class GradientPath:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return [int(v) for v in flags.tolist()]
 
+    def sum_vector(self, values: list[float], device: torch.device) -> list[float]:
+        """Element-wise sum of a few numbers over all ranks, in float64 (the epoch's report)."""
+        totals = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(totals)
+        return totals.tolist()
+
     def __repr__(self) -> str:
         return f"GradientPath({self.name!r})"
 
@@ -209,6 +215,9 @@ class MPIGradients(GradientPath):
 
     def max_vector(self, values: list[int], device: torch.device) -> list[int]:
         return mpi_max_vector(values)
+
+    def sum_vector(self, values: list[float], device: torch.device) -> list[float]:
+        return mpi_sum_vector(values)
 
 
 def gradient_path(name: str, compression: Compression | None = None) -> "GradientPath":

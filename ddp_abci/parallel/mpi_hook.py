@@ -50,6 +50,16 @@ def mpi_max_vector(values: list[int]) -> list[int]:
     return buffer.tolist()
 
 
+def mpi_sum_vector(values: list[float]) -> list[float]:
+    """Element-wise sum of a few float64 numbers over all ranks, through MPI: the epoch's
+    loss report (gloo's all-reduce of 4 numbers held each epoch's end ~5 ms here)."""
+    from mpi4py import MPI
+
+    buffer = np.asarray(values, dtype=np.float64)
+    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+    return buffer.tolist()
+
+
 def register_mpi_hook(ddp_model: torch.nn.parallel.DistributedDataParallel, watchdog=None) -> None:
     """Route ddp_model's gradient all-reduce through MPI.COMM_WORLD."""
     from mpi4py import MPI

@@ -8,9 +8,8 @@ keep whole under the interpreter lock.
 """
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 Entry = tuple[str, bool, float]
 
@@ -38,18 +37,12 @@ class PhaseStack:
         """Around local work (loss_fn, a checkpoint write): shown to the others, not timed."""
         return Phase(self, name, False)
 
-    @contextlib.contextmanager
-    def awaiting_data(self) -> Iterator[None]:
+    def awaiting_data(self) -> DataPhase:
         """Around reading the next batch: local work, timed against --timeout all the same. A
         stream (or a loader's workers) that yields nothing that long ends the job, naming this
         rank and that it waited on its data; were it untimed, ranks all stuck reading would
         wait for ever, none of them in a collective."""
-        with self.working("reading its data"):
-            self.data_since = time.monotonic()
-            try:
-                yield
-            finally:
-                self.data_since = None
+        return DataPhase(self, "reading its data", False)
 
 
 class Phase:
@@ -82,6 +75,23 @@ class Phase:
         if entry[1]:  # the wait: the whole phase, or from when its own work ended (waits_from())
             began = max(entry[2], self.waits_from()) if self.waits_from is not None else entry[2]
             phases.waited_s += time.monotonic() - began
+
+
+class DataPhase(Phase):
+    """`with phases.awaiting_data():` a working phase whose start is also `data_since`, the
+    watch thread's clock for a read that never returns (a class, not a generator: it runs
+    once a step)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        now = time.monotonic()
+        self.phases.entries.append((self.name, False, now))
+        self.phases.data_since = now
+
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        self.phases.data_since = None
+        self.phases.entries.pop()
 
 
 # gloo's words when the connection to a peer breaks: its process ended (aborted, killed) or
