@@ -57,10 +57,12 @@ def test_the_variant_ends_gloos_threads_before_exit(variant_run):
 
 
 def test_the_ddp_floor_trains_through_ddp_on_the_trainers_gradient_path_and_frees_the_group(mpirun):
+    # --data: each step's batch read from the seed's set (250 steps: past an epoch's end, 200 batches)
     proc = run([*on_ranks(2, "tests/threads_at_exit.py", "ddp_abci.compare.probes"),
-                "floor", "--bs", "25", "--threads", "1", "--ddp", "--steps", "25"])
+                "floor", "--bs", "25", "--threads", "1", "--ddp", "--data", "--steps", "250"])
     assert_clean(proc)
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["data"] is True
     # --comm auto's measurement, as the trainer makes it: on one host MPI usually wins, but a
     # fresh clone's run measured gloo faster, so the path is checked against the measurement.
     measured = result["measured_ms"]
@@ -211,14 +213,17 @@ def test_the_lockstep_floor_is_the_median_of_its_rounds_and_the_ratio_is_per_ran
         "throughput raw / lockstep floor"] == pytest.approx(0.85)
 
 
-def test_the_ddp_floor_is_compared_with_the_raw_side_and_with_the_lockstep_floor():
+def test_the_ddp_floors_are_compared_with_the_raw_side_and_with_the_lockstep_floor():
     from ddp_abci.compare.bench import ratios
 
     raw = {"samples_per_s": 13600.0, "world_size": 2, "wall_s": 1.0}
     out = ratios({"raw": raw, "accelerate": raw}, {"floor_lockstep": {"samples_per_s": 8000.0},
-                                                   "floor_ddp": {"samples_per_s": 7200.0}})
+                                                   "floor_ddp": {"samples_per_s": 7200.0},
+                                                   "floor_ddp_data": {"samples_per_s": 6800.0}})
     assert out["throughput raw / DDP floor"] == pytest.approx(13600 / 14400)
     assert out["DDP floor / lockstep floor"] == pytest.approx(0.9)
+    assert out["throughput raw / DDP floor reading the data"] == pytest.approx(1.0)
+    assert out["DDP floor reading the data / DDP floor"] == pytest.approx(6800 / 7200)
 
 
 def test_the_all_reduce_probe_times_gloo_and_mpi_on_real_ranks(mpirun):

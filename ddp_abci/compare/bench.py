@@ -189,6 +189,12 @@ def format_table(report: dict) -> str:
         lines.append(f"DDP floor (the same loop through DDP as the trainer wraps the model, gradients via "
                      f"{ddp.get('comm', '?')}; the median of the rounds): {ddp['step_ms']:.2f} ms/step = "
                      f"{world * ddp['samples_per_s']:,.0f} samples/s for {world} ranks")
+    data = probes.get("floor_ddp_data", {})
+    if "step_ms" in data:
+        world = report["config"]["world_size"]
+        lines.append(f"DDP floor reading the data (the same, each batch read from the seed's set as the trainer "
+                     f"reads it): {data['step_ms']:.2f} ms/step = {world * data['samples_per_s']:,.0f} samples/s "
+                     f"for {world} ranks")
     if "allreduce" in probes and not probes["allreduce"].get("failed"):
         a = probes["allreduce"]
         lines.append("all-reduce of the gradients alone: " + ", ".join(
@@ -220,6 +226,11 @@ def ratios(sides: dict, probes: dict | None = None) -> dict:
         out["throughput raw / DDP floor"] = raw["samples_per_s"] / (raw["world_size"] * ddp)
     if ddp and lockstep:  # what keeping DDP costs, before the loader and the trainer
         out["DDP floor / lockstep floor"] = ddp / lockstep
+    data = (probes or {}).get("floor_ddp_data", {}).get("samples_per_s")
+    if data and "samples_per_s" in raw:  # the trainer's own cost, the data's aside
+        out["throughput raw / DDP floor reading the data"] = raw["samples_per_s"] / (raw["world_size"] * data)
+    if data and ddp:  # what reading the data costs the floor
+        out["DDP floor reading the data / DDP floor"] = data / ddp
     return out
 
 
@@ -299,23 +310,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def floor_command(args: argparse.Namespace, batch: int, *, ranks: int = 0, threads: int | None = None,
-                  lockstep: bool = False, ddp: bool = False) -> list[str]:
+                  lockstep: bool = False, ddp: bool = False, data: bool = False) -> list[str]:
     """bench_probes floor with `batch` per process, alone (ranks 0) or on `ranks` ranks under
     mpirun, over as many steps as a side trains (at most 2000): a floor's rate and a side's
     are then the same statistic (the whole loop's) over about as long a run."""
     steps = min(2000, args.max_steps or args.epochs * -(-args.num_items // args.bs))
     cmd = [sys.executable, "-m", "ddp_abci.compare.probes", "floor", "--amp", args.amp, "--bs", str(batch),
            "--steps", str(max(5, steps)), *(["--threads", str(threads)] if threads else []),
-           *(["--lockstep"] if lockstep else []), *(["--ddp"] if ddp else [])]
+           *(["--lockstep"] if lockstep else []), *(["--ddp"] if ddp else []), *(["--data"] if data else [])]
     return [*mpirun_prefix(args, ranks), *cmd] if ranks else cmd
 
 
-def lockstep_floor(args: argparse.Namespace, *, ddp: bool = False) -> dict:
+def lockstep_floor(args: argparse.Namespace, *, ddp: bool = False, data: bool = False) -> dict:
     """W ranks in lockstep (compute and one MPI all-reduce a step) at global batch args.bs;
-    with ddp, the same loop through DDP as the trainer wraps the model."""
+    with ddp, the same loop through DDP as the trainer wraps the model; with data too, each
+    batch read from the seed's set as the trainer reads it."""
     return probe(floor_command(args, args.bs // args.world_size, ranks=args.world_size,
-                               threads=max(1, (os.cpu_count() or 1) // args.world_size), lockstep=not ddp, ddp=ddp),
-                 args.timeout)
+                               threads=max(1, (os.cpu_count() or 1) // args.world_size), lockstep=not ddp, ddp=ddp,
+                               data=data), args.timeout)
 
 
 def sweep_floors(args: argparse.Namespace) -> dict:
@@ -337,11 +349,12 @@ def median_floor(rounds: list[dict]) -> dict:
     return dict(ok[0], **medians, rounds=len(ok), rounds_samples_per_s=[r.get("samples_per_s") for r in rounds])
 
 
-def run_probes(args: argparse.Namespace, lockstep_rounds: list[dict], ddp_rounds: list[dict]) -> dict:
+def run_probes(args: argparse.Namespace, lockstep_rounds: list[dict], ddp_rounds: list[dict],
+               ddp_data_rounds: list[dict]) -> dict:
     """What this machine allows (bench_probes): the compute floor of one process, of one rank
     alone and of all ranks computing at once, the same in lockstep with the gradient
-    all-reduce and the same through DDP (both measured in every round, beside the sides),
-    and the all-reduce alone."""
+    all-reduce, the same through DDP, and through DDP reading the data (these three measured
+    in every round, beside the sides), and the all-reduce alone."""
     threads = max(1, (os.cpu_count() or 1) // args.world_size)
     per_rank = args.bs // args.world_size
     probes = {"floor": probe(floor_command(args, args.bs), args.timeout),
@@ -353,6 +366,7 @@ def run_probes(args: argparse.Namespace, lockstep_rounds: list[dict], ddp_rounds
     if args.world_size > 1:
         probes["floor_lockstep"] = median_floor(lockstep_rounds)
         probes["floor_ddp"] = median_floor(ddp_rounds)
+        probes["floor_ddp_data"] = median_floor(ddp_data_rounds)
     probes["allreduce"] = probe([*mpirun_prefix(args, args.world_size), sys.executable, "-m",
                                  "ddp_abci.compare.probes", "allreduce"], args.timeout)
     return probes
@@ -381,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {s: [] for s in sides}
     lockstep_rounds: list[dict] = []
     ddp_rounds: list[dict] = []
+    ddp_data_rounds: list[dict] = []
     decomposition_rounds: list[list[dict]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.rounds):
@@ -395,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_probes and args.world_size > 1:  # the floor in the same minutes as the sides
                 lockstep_rounds.append(lockstep_floor(args))
                 ddp_rounds.append(lockstep_floor(args, ddp=True))
-    probes = {} if args.no_probes else run_probes(args, lockstep_rounds, ddp_rounds)
+                ddp_data_rounds.append(lockstep_floor(args, ddp=True, data=True))
+    probes = {} if args.no_probes else run_probes(args, lockstep_rounds, ddp_rounds, ddp_data_rounds)
     summary = {side: summarise(r) for side, r in runs.items()}
     report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "png")},
               "environment": environment(args.mpirun), "sides": summary, "ratios": ratios(summary, probes),

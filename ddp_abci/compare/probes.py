@@ -5,6 +5,8 @@
                                                              # every rank at once, gradients all-reduced
     mpirun -n 2 python -m ddp_abci.compare.probes floor --bs 25 --threads 1 --ddp
                                                              # the same through DDP, as the trainer runs it
+    mpirun -n 2 python -m ddp_abci.compare.probes floor --bs 25 --threads 1 --ddp --data
+                                                             # the same, each batch read as the trainer reads it
     mpirun -n 2 python -m ddp_abci.compare.probes allreduce    # the gradient all-reduce alone
 
 Each prints one JSON line. The benchmark runs them and reports each trainer's throughput
@@ -20,7 +22,7 @@ import time
 
 
 def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, lockstep: bool = False,
-                  ddp: bool = False) -> dict:
+                  ddp: bool = False, data: bool = False) -> dict:
     """Forward, backward and Adam step of the seed's model in a tight loop on one process,
     the batch already in memory: no loader, no communication. The throughput no trainer
     on this machine can beat.
@@ -32,11 +34,15 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, 
 
     ddp (under mpirun): the same loop with the model in DDP as the trainer wraps it
     (model.wrap_model, and on the CPU the MPI comm hook): what keeping DDP costs a step,
-    still without the loader or the trainer's code."""
+    still without the loader or the trainer's code.
+
+    data (with ddp): each step's batch read from the seed's training set as the trainer reads
+    it (its sampler and batched fetch, no loader workers), in place of one batch kept in
+    memory: the DDP floor with the data's own cost, still without the trainer's code."""
     import torch
 
     if ddp:
-        return _ddp_floor(global_batch, steps, threads, amp)
+        return _ddp_floor(global_batch, steps, threads, amp, data)
     if threads:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -45,7 +51,7 @@ def compute_floor(global_batch: int, steps: int, threads: int | None, amp: str, 
     return _floor_loop(None, global_batch, steps, amp, device, lockstep)
 
 
-def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> dict:
+def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str, data: bool = False) -> dict:
     import gc
 
     import torch
@@ -64,15 +70,31 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str) -> 
         if comm == "measure":  # as the trainer chooses: by measuring the seed model's gradient
             path = measure_and_choose(4 * sum(p.numel() for p in build_model(0).parameters()))[0]
             comm, measured_ms = path.name, path.measured_ms
-        result = _floor_loop(launch, global_batch, steps, amp, device, lockstep=False, comm=comm)
+        result = _floor_loop(launch, global_batch, steps, amp, device, lockstep=False, comm=comm,
+                             batches=_seed_batches(launch, global_batch) if data else None)
         gc.collect()  # DDP's reducer sits in reference cycles: free it while the group is open
-    return dict(result, comm=comm, measured_ms=measured_ms)
+    return dict(result, comm=comm, measured_ms=measured_ms, data=data)
+
+
+def _seed_batches(launch, per_rank: int):
+    """This rank's batches of the seed's training set, read as the trainer reads them (its
+    sampler, the dataset's batched fetch, no loader workers), epoch after epoch."""
+    from ..autoencoder_job import AutoencoderJob
+    from ..data import EpochBatches, LinspaceDataset, build_loader
+
+    job = AutoencoderJob()
+    batches, epoch = EpochBatches(build_loader(LinspaceDataset(job.dim_in, job.num_items), launch,
+                                               per_rank * launch.world_size)), 0
+    while True:
+        yield from batches.begin(epoch)
+        epoch += 1
 
 
 def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockstep: bool,
-                comm: str | None = None) -> dict:
+                comm: str | None = None, batches=None) -> dict:
     """The timed loop; the model in DDP when a launch is given, its gradients through MPI
-    where comm (resolve_comm's choice) is mpi, as the trainer does."""
+    where comm (resolve_comm's choice) is mpi, as the trainer does; each step's batch from
+    `batches` (an iterator) when given, else one batch kept in memory."""
     import torch
 
     from ..data import LinspaceDataset
@@ -92,8 +114,9 @@ def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockste
     flat_grads = _flat_grads(model) if lockstep else None
 
     def step() -> None:
+        batch = x if batches is None else next(batches)
         with autocast(precision, device):
-            loss = rmse_loss(x, model(x))
+            loss = rmse_loss(batch, model(batch))
         if flat_grads is None:
             optimizer.zero_grad(set_to_none=True)
         else:
@@ -208,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--amp", default="auto")
     f.add_argument("--lockstep", action="store_true", help="all-reduce the gradients over MPI every step")
     f.add_argument("--ddp", action="store_true", help="the model in DDP, as the trainer wraps it (under mpirun)")
+    f.add_argument("--data", action="store_true", help="with --ddp: each batch read from the seed's set as the "
+                                                       "trainer reads it")
     a = sub.add_parser("allreduce")
     a.add_argument("--iters", type=int, default=300)
     a.add_argument("--backends", default="pg,mpi")
@@ -215,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--dim-hidden", type=int, default=100)
     args = p.parse_args(argv)
     if args.probe == "floor":
-        result = compute_floor(args.bs, args.steps, args.threads, args.amp, args.lockstep, args.ddp)
+        result = compute_floor(args.bs, args.steps, args.threads, args.amp, args.lockstep, args.ddp, args.data)
     else:
         result = allreduce_time(args.iters, args.backends.split(","), args.dim_in, args.dim_hidden)
     if result:
