@@ -71,6 +71,18 @@ def test_the_ddp_floor_trains_through_ddp_on_the_trainers_gradient_path_and_free
     assert_no_thread_outlives_the_process_group(proc)
 
 
+def test_the_paired_loop_cost_alternates_both_floors_and_the_trainer_in_one_pair_of_processes(mpirun, tmp_path):
+    out = tmp_path / "loop-cost.json"
+    proc = run(on_ranks(2, "-m", "ddp_abci.compare.loop_cost", "--rounds", "2", "--epochs", "1", "--num-items", "400",
+                        "--out", str(out)))
+    assert proc.returncode == 0, proc.stdout
+    report = json.loads(out.read_text())
+    assert [list(r) for r in report["rounds"]] == [["floor", "floor + data", "trainer"]] * 2
+    assert all(rate > 0 for r in report["rounds"] for rate in r.values())
+    assert re.search(r"trainer / floor \d\.\d{3}, trainer / floor \+ data \d\.\d{3}, floor \+ data / floor \d\.\d{3}",
+                     proc.stdout), proc.stdout
+
+
 def test_the_variant_refuses_to_start_without_the_rendezvous_variables(mpirun):
     proc = run(on_ranks(2, "-m", "ddp_abci.accelerate_variant", *BENCH_SMALL))
     assert proc.returncode != 0

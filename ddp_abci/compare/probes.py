@@ -76,14 +76,15 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str, dat
     return dict(result, comm=comm, measured_ms=measured_ms, data=data)
 
 
-def _seed_batches(launch, per_rank: int):
-    """This rank's batches of the seed's training set, read as the trainer reads them (its
-    sampler, the dataset's batched fetch, no loader workers), epoch after epoch."""
+def _seed_batches(launch, per_rank: int, num_items: int | None = None):
+    """This rank's batches of the seed's training set (of num_items; the seed's by default),
+    read as the trainer reads them (its sampler, the dataset's batched fetch, no loader
+    workers), epoch after epoch."""
     from ..autoencoder_job import AutoencoderJob
     from ..data import EpochBatches, LinspaceDataset, build_loader
 
     job = AutoencoderJob()
-    batches, epoch = EpochBatches(build_loader(LinspaceDataset(job.dim_in, job.num_items), launch,
+    batches, epoch = EpochBatches(build_loader(LinspaceDataset(job.dim_in, num_items or job.num_items), launch,
                                                per_rank * launch.world_size)), 0
     while True:
         yield from batches.begin(epoch)
