@@ -13,6 +13,7 @@ in place of the plain all-reduce on the gloo and NCCL paths, timed as gloo's.
 # No `from __future__ import annotations` here: DDP checks a hook's annotations as objects.
 import time
 from contextlib import nullcontext
+from typing import Any
 
 import numpy as np
 import torch
@@ -209,15 +210,23 @@ class MPIGradients(GradientPath):
     memory costs a fraction of gloo's (docs/benchmark.md)."""
 
     marks_its_waits = True
+    report_comm: Any = None  # the epoch reports' communicator, made in register()
 
     def register(self, ddp: torch.nn.Module, watchdog: object = None) -> None:
+        from mpi4py import MPI  # noqa: PLC0415  (only under mpirun: importing it starts MPI)
+
         register_mpi_hook(ddp, watchdog)
+        # The reports' own communicator (Dup is collective: every rank registers at the same
+        # point). On COMM_WORLD beside the agreement, a rank that skipped an agreement would pair
+        # its epoch report with the other rank's agreement, and MPI would end both ranks on the
+        # mismatch ("message truncated") where, apart, each waits and the watchdog names both.
+        self.report_comm = MPI.COMM_WORLD.Dup()
 
     def max_vector(self, values: list[int], device: torch.device) -> list[int]:
         return mpi_max_vector(values)
 
     def sum_vector(self, values: list[float], device: torch.device) -> list[float]:
-        return mpi_sum_vector(values)
+        return mpi_sum_vector(values, self.report_comm)
 
 
 def gradient_path(name: str, compression: Compression | None = None) -> "GradientPath":
