@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ddp_abci.compare.netlab import attach_host
+from ddp_abci.compare.netlab import attach_host, free_subnet
 from helpers import PYTHON, REPO, kill_in_netns, sh, stop_by_pid
 
 SHARED = Path(os.environ.get("DDP_ABCI_PBS", REPO.parent / "shared" / "pbs"))
@@ -30,7 +30,7 @@ USER = "ddpjobs"
 DAEMONS = ("/opt/pbs/sbin/", "postgres -D /var/spool/pbs/datastore")
 # The second host: a network namespace on a bridge, with a MOM of its own (its own PBS_HOME and
 # pbs.conf, and its own host name), which PBS's server knows as one more node.
-NET, BRIDGE_ADDR, SECOND, SECOND_ADDR = "10.79.0.0/24", "10.79.0.254", "pbsnode2", "10.79.0.2"
+SECOND = "pbsnode2"
 HOSTS_MARK = "# ddp_abci pbs lab"
 
 
@@ -45,6 +45,7 @@ class PBSLab:
         self.second_home = Path(f"/var/spool/pbs-{SECOND}")
         self.second_conf = Path(f"/etc/pbs.conf.{SECOND}")
         self.second_up = False
+        self.net = self.bridge_addr = self.second_addr = ""  # set by add_second_host(): a /24 free then
 
     # -- up ---------------------------------------------------------------------------
 
@@ -84,18 +85,20 @@ class PBSLab:
     def add_second_host(self) -> None:
         """A second node: its namespace (reaching the server's host through the bridge), its
         MOM started inside it under the host name SECOND, and the node known to the server."""
+        subnet = free_subnet("10.77", int(self.tag, 16))
+        self.net, self.bridge_addr, self.second_addr = f"{subnet}.0/24", f"{subnet}.254", f"{subnet}.2"
         sh("ip", "link", "add", self.bridge, "type", "bridge")
-        sh("ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", self.bridge)
+        sh("ip", "addr", "add", f"{self.bridge_addr}/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
-        attach_host(self.ns, self.bridge, f"dpi{self.tag}", f"dpo{self.tag}", SECOND_ADDR)
-        sh("ip", "-n", self.ns, "route", "add", "default", "via", BRIDGE_ADDR)  # to the server's address
+        attach_host(self.ns, self.bridge, f"dpi{self.tag}", f"dpo{self.tag}", self.second_addr)
+        sh("ip", "-n", self.ns, "route", "add", "default", "via", self.bridge_addr)  # to the server's address
         server = subprocess.run(["hostname"], stdout=subprocess.PIPE, text=True).stdout.strip()
         server_addr = next(line.split()[0] for line in Path("/etc/hosts").read_text().splitlines()
                            if line.split()[1:2] == [server] and not line.startswith("127."))
         # `ip netns exec` binds this over /etc/hosts inside: the server's name to its address, not 127.0.0.1
         Path(f"/etc/netns/{self.ns}").mkdir(parents=True, exist_ok=True)
         Path(f"/etc/netns/{self.ns}/hosts").write_text(f"127.0.0.1 localhost\n{server_addr} {server}\n"
-                                                      f"{SECOND_ADDR} {SECOND}\n")
+                                                      f"{self.second_addr} {SECOND}\n")
         # Names from that file alone: a DNS server it cannot reach made each lookup wait out the
         # resolver's timeout (5 s: a rank there missed rank 0's store within --timeout 6).
         Path(f"/etc/netns/{self.ns}/nsswitch.conf").write_text("hosts: files\n")
@@ -136,7 +139,7 @@ class PBSLab:
     def _hosts_file(self, add: bool) -> None:
         hosts = Path("/etc/hosts")  # the server and the first MOM reach the second by its name
         kept = [line for line in hosts.read_text().splitlines() if HOSTS_MARK not in line]
-        hosts.write_text("\n".join(kept + ([f"{SECOND_ADDR} {SECOND} {HOSTS_MARK}"] if add else [])) + "\n")
+        hosts.write_text("\n".join(kept + ([f"{self.second_addr} {SECOND} {HOSTS_MARK}"] if add else [])) + "\n")
 
     def second_host_pids(self, program: str) -> list[int]:
         """The processes running `program` on the second host."""

@@ -18,11 +18,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from ddp_abci.compare.netlab import attach_host
+from ddp_abci.compare.netlab import attach_host, free_subnet
 from helpers import kill_in_netns, sh, stop_by_pid
 
-NET, BRIDGE_ADDR = "10.78.0.0/24", "10.78.0.254"
-NODES = {"h1": "10.78.0.1", "h2": "10.78.0.2"}
+NODES = ("h1", "h2")
 HOSTS_MARK = "# ddp_abci slurm lab"
 
 
@@ -35,10 +34,15 @@ class SlurmLab:
         self.pids: list[int] = []
         self.made_ns: list[str] = []
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        self.net = self.bridge_addr = ""  # set by up(): a /24 free when it starts
+        self.addr: dict[str, str] = {}
 
     # -- up ---------------------------------------------------------------------------
 
     def up(self) -> None:
+        subnet = free_subnet("10.78", int(self.tag, 16))
+        self.net, self.bridge_addr = f"{subnet}.0/24", f"{subnet}.254"
+        self.addr = {node: f"{subnet}.{i + 1}" for i, node in enumerate(NODES)}
         self._network()
         self._hosts_file(add=True)
         self._munge()
@@ -55,9 +59,9 @@ class SlurmLab:
 
     def _network(self) -> None:
         sh("ip", "link", "add", self.bridge, "type", "bridge")
-        sh("ip", "addr", "add", f"{BRIDGE_ADDR}/24", "dev", self.bridge)
+        sh("ip", "addr", "add", f"{self.bridge_addr}/24", "dev", self.bridge)
         sh("ip", "link", "set", self.bridge, "up")
-        for node, addr in NODES.items():
+        for node, addr in self.addr.items():
             ns = self.ns[node]
             self.made_ns.append(ns)  # first: the stop removes one made half-way
             attach_host(ns, self.bridge, f"dsi{self.tag}{node}", f"dso{self.tag}{node}", addr)
@@ -67,7 +71,7 @@ class SlurmLab:
         hosts = Path("/etc/hosts")
         kept = [line for line in hosts.read_text().splitlines() if HOSTS_MARK not in line]
         if add:
-            kept += [f"{addr} {node} {HOSTS_MARK}" for node, addr in NODES.items()]
+            kept += [f"{addr} {node} {HOSTS_MARK}" for node, addr in self.addr.items()]
         hosts.write_text("\n".join(kept) + "\n")
 
     def _munge(self) -> None:
@@ -89,11 +93,11 @@ class SlurmLab:
 
     def _write_conf(self) -> None:
         nodes = "\n".join(f"NodeName={node} NodeAddr={addr} CPUs=2 RealMemory=4000 State=UNKNOWN"
-                          for node, addr in NODES.items())
+                          for node, addr in self.addr.items())
         r = self.root
         self.conf.write_text(textwrap.dedent(f"""\
             ClusterName=ddplab
-            SlurmctldHost={socket.gethostname()}({BRIDGE_ADDR})
+            SlurmctldHost={socket.gethostname()}({self.bridge_addr})
             SlurmctldPort={6817 + int(self.tag, 16) % 500}
             SlurmdPort={7318 + int(self.tag, 16) % 500}
             AuthType=auth/munge

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pbs_lab import NET, SECOND, SHARED, USER, PBSLab
+from pbs_lab import SECOND, SHARED, USER, PBSLab
 
 from helpers import MPIRUN, PYTHON, REPO, env, job_story, load, on_ranks, run, same_tensors
 
@@ -160,8 +160,9 @@ def test_the_job_user_is_not_root_as_on_abci(pbs, chain):
 
 # Across the two hosts: MPI's traffic on the lab's bridge, and mpirun's daemon on the second host
 # started through PBS itself (the nodes have no ssh between them: scripts/lib/pbs_remote_shell.sh).
-ACROSS = dict(MPI_ARGS=f"--prtemca plm_ssh_agent {REPO}/scripts/lib/pbs_remote_shell.sh --mca btl self,sm,tcp "
-                       f"--mca btl_tcp_if_include {NET} --prtemca oob_tcp_if_include {NET}")
+def across(lab: PBSLab) -> dict[str, str]:
+    return dict(MPI_ARGS=f"--prtemca plm_ssh_agent {REPO}/scripts/lib/pbs_remote_shell.sh --mca btl self,sm,tcp "
+                         f"--mca btl_tcp_if_include {lab.net} --prtemca oob_tcp_if_include {lab.net}")
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +174,7 @@ def two_hosts(pbs):
 def test_a_rank_frozen_on_the_second_host_ends_the_job_with_69_naming_it_and_the_next_job_resumes(two_hosts):
     pbs, folder = two_hosts, two_hosts.user_folder("frozen")
     ids, _ = submit(pbs, folder, "-t", "00:02:00", "-c", "2", "--", "--max-steps", "400", "--timeout", "6", *RUN,
-                    "--pace", "0.02", nodes=2, **ACROSS)
+                    "--pace", "0.02", nodes=2, **across(pbs))
     pbs.wait(ids[0], 60, state="R")
     deadline = time.monotonic() + 90
     while not (folder / "ck" / "last.pt").exists():  # a save at step 50: then a node stops

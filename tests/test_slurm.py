@@ -10,17 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_lab import NET, SlurmLab
+from slurm_lab import SlurmLab
 
 from helpers import MPIRUN, PYTHON, REPO, YIELDING_MPI, job_story, load, same_tensors
 
 VENV_BIN = os.path.dirname(PYTHON)
-# What a site's module setup gives a job here: no container, the venv, MPI's TCP on the lab's
-# network, and one thread a rank (both "nodes" share this machine's 2 cores).
+# What a site's module setup gives a job here: no container, the venv, and one thread a rank (both
+# "nodes" share this machine's 2 cores); site() adds MPI's TCP on the lab's network.
 SITE = dict(CONTAINER="none", PYTHON=PYTHON, MPIRUN=MPIRUN, PATH=f"{VENV_BIN}:{os.environ['PATH']}",
             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1", MAP_BY="ppr:1:node",
-            MPI_ARGS=f"--mca btl self,sm,tcp --mca btl_tcp_if_include {NET} --prtemca oob_tcp_if_include {NET} "
-                     "--bind-to none", **YIELDING_MPI)
+            **YIELDING_MPI)
 HEADER = ["-N", "2", "-t", "00:03:00", "--signal=B:USR1@60"]  # the header's line, less account and GPUs
 SMALL = ["--num-items", "4000", "--seed", "3", "--bs", "50"]  # 80 steps an epoch
 
@@ -43,9 +42,14 @@ def slurm(tmp_path_factory):
     lab.down()
 
 
+def site(lab: SlurmLab) -> dict[str, str]:
+    return dict(SITE, MPI_ARGS=f"--mca btl self,sm,tcp --mca btl_tcp_if_include {lab.net} "
+                               f"--prtemca oob_tcp_if_include {lab.net} --bind-to none")
+
+
 def submit(lab, out, *args, **settings):
     """sbatch from the repo root (where the scripts find the checkout), the output to `out`."""
-    return lab.sbatch(f"--output={out}", f"--chdir={REPO}", *args, **{**SITE, **settings})
+    return lab.sbatch(f"--output={out}", f"--chdir={REPO}", *args, **{**site(lab), **settings})
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +96,7 @@ def chain(slurm, tmp_path_factory):
     max_steps = 2 * held
     args = ["--epochs", "100000", "--max-steps", str(max_steps), *comm]
     out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-p", "2", "-t", "1m", "-c", "4", "--",
-                    *args, **{**SITE, **stop}, CKPT_DIR=str(d / "ck"), SUBMIT_DIR=str(d / "submit"),
+                    *args, **{**site(slurm), **stop}, CKPT_DIR=str(d / "ck"), SUBMIT_DIR=str(d / "submit"),
                     SBATCH_OUTPUT=str(d / "job-%j.out"))
     ids = [int(line) for line in out.stdout.splitlines() if line.isdigit()]  # the job ids: one a line
     assert out.returncode == 0 and len(ids) == 4, out.stdout
@@ -148,7 +152,7 @@ def _ranks_on(slurm, node: str) -> list[int]:
 def test_a_chain_survives_a_lost_node_from_its_last_step_checkpoint_bit_for_bit(slurm, uninterrupted, tmp_path,
                                                                                   failure):
     out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-t", "2m", "-c", "2", "--", *LOST,
-                    **SITE, CKPT_DIR=str(tmp_path / "ck"), SUBMIT_DIR=str(tmp_path / "submit"),
+                    **site(slurm), CKPT_DIR=str(tmp_path / "ck"), SUBMIT_DIR=str(tmp_path / "submit"),
                     SBATCH_OUTPUT=str(tmp_path / "job-%j.out"))
     first, second = (int(line) for line in out.stdout.splitlines() if line.isdigit())
     log = tmp_path / f"job-{first}.out"

@@ -40,7 +40,7 @@ class NetLab(Lab):
             raise PermissionError("the network lab needs root (network namespaces, tc)")
         self.hosts, self.workdir, self.read_only = list(hosts), Path(workdir), dict(read_only or {})
         self.tag = secrets.token_hex(2)
-        self.subnet = f"{SUBNET_PREFIX}.{int(self.tag, 16) % 200}"
+        self.subnet = free_subnet(SUBNET_PREFIX, int(self.tag, 16))
         self.net = f"{self.subnet}.0/24"
         self.addr = {host: f"{self.subnet}.{i + 1}" for i, host in enumerate(self.hosts)}
         self.ns = {host: f"dnl{self.tag}{i}" for i, host in enumerate(self.hosts)}
@@ -140,6 +140,21 @@ class NetLab(Lab):
                 subprocess.run(["ip", "link", "del", name], stderr=subprocess.DEVNULL)
         self.made.clear()
         self.agent.unlink(missing_ok=True)
+
+
+def free_subnet(prefix: str, first: int) -> str:
+    """`prefix.k` (k in 1..199, tried from `first` on) whose /24 no address or route of this
+    network namespace lies in. A lab killed before its down() leaves its bridge and addresses
+    behind; a second bridge on the same /24 would route the new lab's packets to the old one.
+    Raises RuntimeError when all 199 are taken."""
+    taken = sh("ip", "-4", "-o", "addr", "show") + sh("ip", "-4", "route", "show", "table", "all")
+    used = {word.split(".")[2] for word in taken.replace("/", " ").split() if word.startswith(prefix + ".")
+            and word.count(".") == 3}
+    for i in range(199):
+        k = 1 + (first + i) % 199
+        if str(k) not in used:
+            return f"{prefix}.{k}"
+    raise RuntimeError(f"every {prefix}.k.0/24 is in use here: remove the leftover labs' bridges (ip link)")
 
 
 def attach_host(ns: str, bridge: str, inside: str, outside: str, addr: str) -> None:
