@@ -170,31 +170,23 @@ def format_table(report: dict) -> str:
     if "floor" in probes and not probes["floor"].get("failed"):
         lines.append(f"compute floor: {probes['floor']['samples_per_s']:,.0f} samples/s "
                      f"({probes['floor']['step_ms']:.2f} ms/step, 1 process, {probes['floor']['threads']} threads)")
+    world = report.get("config", {}).get("world_size", 1)
     alone, together = probes.get("floor_per_rank", {}), probes.get("floor_concurrent", {})
     if "step_ms" in alone and "step_ms" in together:
-        world = report["config"]["world_size"]
         lines.append(f"per-rank floor (batch {report['config']['bs'] // world}): {alone['step_ms']:.2f} ms/step alone, "
                      f"{together['step_ms']:.2f} ms/step with all {world} ranks computing at once "
                      f"(= {world * together['samples_per_s']:,.0f} samples/s for {world} ranks, no communication)")
-    lockstep = probes.get("floor_lockstep", {})
-    if "step_ms" in lockstep:
-        world = report["config"]["world_size"]
-        lines.append(f"lockstep floor (the same, gradients all-reduced through MPI every step; the median of "
-                     f"the rounds, each measured beside the sides): "
-                     f"{lockstep['step_ms']:.2f} ms/step = {world * lockstep['samples_per_s']:,.0f} samples/s "
-                     f"for {world} ranks")
-    ddp = probes.get("floor_ddp", {})
-    if "step_ms" in ddp:
-        world = report["config"]["world_size"]
-        lines.append(f"DDP floor (the same loop through DDP as the trainer wraps the model, gradients via "
-                     f"{ddp.get('comm', '?')}; the median of the rounds): {ddp['step_ms']:.2f} ms/step = "
-                     f"{world * ddp['samples_per_s']:,.0f} samples/s for {world} ranks")
-    data = probes.get("floor_ddp_data", {})
-    if "step_ms" in data:
-        world = report["config"]["world_size"]
-        lines.append(f"DDP floor reading the data (the same, each batch read from the seed's set as the trainer "
-                     f"reads it): {data['step_ms']:.2f} ms/step = {world * data['samples_per_s']:,.0f} samples/s "
-                     f"for {world} ranks")
+    comm = probes.get("floor_ddp", {}).get("comm", "?")
+    for key, label in (("floor_lockstep", "lockstep floor (the same, gradients all-reduced through MPI every step; "
+                                          "the median of the rounds, each measured beside the sides)"),
+                       ("floor_ddp", f"DDP floor (the same loop through DDP as the trainer wraps the model, gradients "
+                                     f"via {comm}; the median of the rounds)"),
+                       ("floor_ddp_data", "DDP floor reading the data (the same, each batch read from the seed's set "
+                                          "as the trainer reads it)")):
+        probe = probes.get(key, {})
+        if "step_ms" in probe:
+            lines.append(f"{label}: {probe['step_ms']:.2f} ms/step = {world * probe['samples_per_s']:,.0f} "
+                         f"samples/s for {world} ranks")
     if "allreduce" in probes and not probes["allreduce"].get("failed"):
         a = probes["allreduce"]
         lines.append("all-reduce of the gradients alone: " + ", ".join(
