@@ -170,7 +170,7 @@ def format_table(report: dict) -> str:
     if "floor" in probes and not probes["floor"].get("failed"):
         lines.append(f"compute floor: {probes['floor']['samples_per_s']:,.0f} samples/s "
                      f"({probes['floor']['step_ms']:.2f} ms/step, 1 process, {probes['floor']['threads']} threads)")
-    world = report.get("config", {}).get("world_size", 1)
+    world = report["config"]["world_size"]  # bench always records it (args.world_size)
     alone, together = probes.get("floor_per_rank", {}), probes.get("floor_concurrent", {})
     if "step_ms" in alone and "step_ms" in together:
         lines.append(f"per-rank floor (batch {report['config']['bs'] // world}): {alone['step_ms']:.2f} ms/step alone, "
