@@ -230,12 +230,19 @@ def share_stream_order(launch: Launch, reader: Reader) -> None:
     would then replay other items, and is refused."""
     keys = all_ranks(repr(reader.order_key()))
     warning = reader.order_warning()
+    if len(set(keys)) > 1 and reader.one_order_across_ranks:
+        raise UsageError(f"{reader.kind}: each rank drew its own shuffle seed ({', '.join(keys[:2])}, ...: no seed= "
+                         "given), so the ranks would share out differently shuffled shards, training some items "
+                         "twice and others never; pass seed= to .shuffle()")
     if warning is None and len(set(keys)) > 1:
         warning = (f"each rank drew its own shuffle seed ({', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}: "
                    "no seed= given): the order differs on each run, and a resume mid-epoch would replay other "
                    "items; pass seed= to it")
     if warning is not None:
         print_main(launch, f"warning: {reader.kind}: {warning}; a resume mid-epoch is refused")
+    note = reader.resume_note()
+    if note is not None:
+        print_main(launch, f"note: {reader.kind}: {note}")
 
 
 def share_dry_run(error: str | None) -> None:

@@ -6,7 +6,8 @@ where its position is kept, and how its first items are read without disturbing 
     AlreadySplit  your stream, wrapped to say it yields this rank's share (and, with
                   by_worker=True, each DataLoader worker's) already: never split again
     HuggingFace   datasets.IterableDataset: split_dataset_by_node (or the split you made), its own
-                  worker split, resumed from its state_dict()
+                  worker split, resumed from its state_dict(), or by replay where it shuffles
+                  through a buffer (.shuffle(seed, buffer_size): its state holds no buffer)
     WebDataset    webdataset's pipelines: its node splitter given this rank, its worker split,
                   resumed by replay; an unseeded shuffle is said before the first step
     LitData       litdata.StreamingDataset: its own splits, told this rank, the batch size and the
@@ -68,6 +69,8 @@ class Reader:
     splits_workers = False           # the library gives each DataLoader worker its part itself
     rank_position = False            # its position is the rank's samples consumed (rank_state), not each worker's
     restarts_at_first_worker = False  # on resume it deals the rest of the epoch out from worker 0 again
+    one_order_across_ranks = False   # its ranks split one shared order: seeds that differ lose items
+    replay_why = "the stream has no state_dict()"  # why a resume reads its items again, where it does
 
     def __init__(self, dataset: Any, rank: int, world_size: int, batch_size: int, workers: int) -> None:
         self.dataset, self.rank, self.world_size = dataset, rank, world_size
@@ -103,6 +106,10 @@ class Reader:
 
     def order_key(self) -> Any:
         """What fixes the order (plain data: its seeds), kept in the checkpoint and compared on resume."""
+        return None
+
+    def resume_note(self) -> str | None:
+        """How a resume mid-epoch will take the stream up, where that costs more than loading a state."""
         return None
 
     # -- a DataLoader worker (or the main process without workers) -------------------------
@@ -160,6 +167,8 @@ class HuggingFace(Reader):
 
     kind = "a Hugging Face datasets stream"
     splits_workers = True
+    one_order_across_ranks = True
+    replay_why = "its state_dict() holds no shuffle buffer"
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -169,6 +178,13 @@ class HuggingFace(Reader):
                              f"{made.world_size}, this is rank {self.rank} of {self.world_size}: split it with "
                              "those, or pass it unsplit and it is split here")
 
+        # Its state_dict() keeps no shuffle buffer: resumed from it, the library refills the buffer
+        # from the items after the position, and those waiting in it at the save are never trained
+        # that epoch (datasets 5.2.0, BufferShuffledExamplesIterable.load_state_dict). Replayed
+        # from the epoch's start instead, the buffer fills as it did, and the order is the same.
+        self.shuffles = [(node.buffer_size, node.generator.bit_generator.seed_seq.entropy)
+                         for node in _hf_buffered_shuffles(self.dataset._ex_iterable) if node.buffer_size >= 2]
+
     def rank_share(self, epoch: int, state: dict | None = None) -> tuple[Any, bool]:
         share = self.dataset
         if self.world_size > 1 and getattr(share, "_distributed", None) is None:
@@ -177,6 +193,31 @@ class HuggingFace(Reader):
             share = split_dataset_by_node(share, rank=self.rank, world_size=self.world_size)
         share.set_epoch(epoch)
         return share, True
+
+    def worker_state(self, source: Any) -> dict | None:
+        return None if self.shuffles else super().worker_state(source)
+
+    def resume_note(self) -> str | None:
+        if not self.shuffles:
+            return None
+        return (f"it shuffles through a buffer of {self.shuffles[0][0]:,} items, which its state_dict() does not hold: "
+                "a resume mid-epoch replays each worker's items from the epoch's start to its position, so it trains "
+                "exactly the uninterrupted run's items (docs/data.md: what that costs)")
+
+    def order_key(self) -> Any:
+        # Each shuffle's seed (an unseeded one draws 128 random bits): the same on every rank, or
+        # the ranks deal out the shards in different orders (some trained twice, some never).
+        return [seed for _, seed in self.shuffles] or None
+
+
+
+def _hf_buffered_shuffles(node: Any) -> Iterator[Any]:
+    """The shuffle buffers in a datasets.IterableDataset's chain of example iterables."""
+    if type(node).__name__ == "BufferShuffledExamplesIterable":
+        yield node
+    for child in [getattr(node, "ex_iterable", None), *getattr(node, "ex_iterables", ())]:
+        if child is not None:
+            yield from _hf_buffered_shuffles(child)
 
 
 class WebDataset(Reader):

@@ -62,7 +62,7 @@ class RankShare(IterableDataset):
         source, items = self.reader.worker_items(self.share, self.own, worker, workers, saved)
         read, made = (saved["read"], saved["made"]) if saved else (0, 0)
         replayed, began = 0, time.monotonic()
-        if saved and "state" not in saved:  # no state_dict(): read the saved position's items again, dropped
+        if saved and "state" not in saved:  # no usable state_dict(): the saved position's items read again, dropped
             replayed = sum(1 for _ in itertools.islice(items, read))
         replay_s, first = time.monotonic() - began, bool(self.resume)
         size = self.reader.batch_size
@@ -164,8 +164,8 @@ class Stream:
         self.where[where["worker"]] = {k: where[k] for k in ("read", "made", "state") if k in where}
         if where.get("resumed") and self.rank == 0:  # rank 0 says how each of its workers took up the stream
             how = where["how"] if where["how"] != "replay" else (
-                f"read {where['replayed']:,} items again in {where['replay_s']:.2f} s (the stream has no "
-                "state_dict(): replayed to its saved position)")
+                f"read {where['replayed']:,} items again in {where['replay_s']:.2f} s ({self.reader.replay_why}: "
+                "replayed to its saved position)")
             print(f"resume: rank 0's stream, worker {where['worker']}: {how}", flush=True)
 
     # -- the checkpoint part ----------------------------------------------------------------

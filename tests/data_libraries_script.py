@@ -1,6 +1,6 @@
 """Run under mpirun -n 2 by test_data_libraries.py: what a user passes from each data library,
 through fit() as they would pass it, three times in these same two ranks: uninterrupted, stopped
-mid-epoch (--max-steps 17), and resumed from that checkpoint.
+mid-epoch (--max-steps 17, or as SHAPES says), and resumed from that checkpoint.
 usage: SCRIPT CORPUS OUT CASE:WORKERS [CASE:WORKERS ...]   (tests/data_corpus.py wrote CORPUS)
 
 Each rank writes OUT/CASE-wWORKERS-rRANK.json: the item ids it trained in each run, in order
@@ -106,6 +106,11 @@ def loader(workers, stateful=False):
 
 CASES = {
     "hf": lambda w: (hf(), None),
+    # The usual recipe: shards and items shuffled through a buffer, a seed given (the buffer is
+    # not in its state_dict(): replayed), and the same without a seed (refused: the ranks would
+    # deal out differently shuffled shards).
+    "hf-shuffled": lambda w: (hf().shuffle(seed=3, buffer_size=100), None),
+    "hf-unseeded-shuffle": lambda w: (random.seed() or hf().shuffle(buffer_size=100), None),
     "hf-split": lambda w: (hf_split(), None),
     "wds": lambda w: (wds(shardshuffle=False), None),
     "wds-split-by-node": lambda w: (wds(shardshuffle=False, nodesplitter=__import__("webdataset").split_by_node),
@@ -124,6 +129,10 @@ CASES = {
     "stateful-dataloader": lambda w: (loader(w, stateful=True), None),
 }
 
+# (epochs, the step the first of the cut runs stops at) where not (1, 17): the shuffled stream
+# stops in its second epoch, whose order its set_epoch() changes.
+SHAPES = {"hf-shuffled": (2, 70)}
+
 trained: list[int] = []
 calls: list[int] = []
 
@@ -138,8 +147,8 @@ def loss_fn(model, batch):
 def one_run(case: str, workers: int, **settings) -> dict:
     train_set, collate_fn = CASES[case](workers)
     loader_given = isinstance(train_set, DataLoader)
-    config = TrainConfig(epochs=1, global_batch=20, lr=0.01, timeout_s=20, workers=0 if loader_given else workers,
-                         **settings)
+    config = TrainConfig(epochs=SHAPES.get(case, (1, 17))[0], global_batch=20, lr=0.01, timeout_s=20,
+                         workers=0 if loader_given else workers, **settings)
     trained.clear()
     calls.clear()
     torch.manual_seed(0)
@@ -166,6 +175,6 @@ for spec in sys.argv[3:]:
     case, workers = spec.split(":")
     ck = out / f"ck-{case}-w{workers}"
     runs = {"whole": one_run(case, int(workers)),
-            "first": one_run(case, int(workers), ckpt_dir=str(ck), max_steps=17),
+            "first": one_run(case, int(workers), ckpt_dir=str(ck), max_steps=SHAPES.get(case, (1, 17))[1]),
             "rest": one_run(case, int(workers), ckpt_dir=str(ck), resume=True)}
     (out / f"{case}-w{workers}-r{rank}.json").write_text(json.dumps(runs))

@@ -7,6 +7,7 @@ workers, three times in the same ranks (tests/data_libraries_script.py): uninter
 mid-epoch at step 17 of 50, and resumed. What is checked is what loss_fn saw: the ids each
 rank trained, in order."""
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("mpirun")
 ITEMS = 1000
 EXACT = ["hf", "hf-split", "wds", "wds-split-by-node", "wds-seeded-shuffle", "litdata", "sized", "numpy-text",
          "dataloader", "stateful-dataloader"]
-CASES = [*EXACT, "wds-unseeded-shuffle"]
+CASES = [*EXACT, "wds-unseeded-shuffle", "hf-shuffled", "hf-unseeded-shuffle"]
 WORKERS = (0, 2)
 
 
@@ -67,11 +68,11 @@ def _assert_each_item_once(ranks: list[dict]) -> None:
     assert sorted(trained) == list(range(ITEMS)), whole[0]["printed"]  # each item once, none lost
 
 
-def _assert_resumed_exactly(ranks: list[dict]) -> None:
+def _assert_resumed_exactly(ranks: list[dict], stopped_at: int = 17) -> None:
     for rank in (0, 1):
         runs = ranks[rank]
         assert [runs[k]["status"] for k in ("first", "rest")] == [0, 0], runs["rest"]["printed"]
-        assert len(runs["first"]["trained"]) == 17 * 10  # stopped mid-epoch: 17 of 50 steps
+        assert len(runs["first"]["trained"]) == stopped_at * 10  # stopped mid-epoch: 17 of 50 steps
         assert runs["first"]["trained"] + runs["rest"]["trained"] == runs["whole"]["trained"], rank
 
 
@@ -100,6 +101,46 @@ def test_an_unseeded_shuffle_is_said_before_the_first_step_and_its_mid_epoch_res
     rest = ranks[0]["rest"]
     assert rest["status"] == 2 and rest["trained"] == []
     assert "mid-epoch in an order drawn from seed" in error_lines(rest["printed"])[0]
+
+
+@pytest.mark.untimed
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_hugging_face_stream_shuffled_through_a_buffer_resumes_in_its_second_epoch_to_the_same_items(results,
+                                                                                                      workers):
+    ranks = results["hf-shuffled", workers]
+    whole = [ranks[r]["whole"]["trained"] for r in (0, 1)]
+    start = 0
+    for left_out in _left_untrained(ranks[0]["whole"]["printed"]):
+        # The shuffled shards deal the ranks shares of 496 to 504 items: the shortest ends the epoch,
+        # and what the others read past it is said at the epoch's end, never trained twice nor silently lost.
+        end = start + (ITEMS - left_out) // 2
+        epoch = whole[0][start:end] + whole[1][start:end]
+        assert len(set(epoch)) == len(epoch) == ITEMS - left_out, (start, left_out)
+        start = end
+    assert start == len(whole[0]) and start > 500  # two epochs
+    order = whole[0]
+    assert order[:100] != sorted(order[:100]) and set(order[:100]) != set(order[start - 100:start])  # shuffled anew
+    _assert_resumed_exactly(ranks, stopped_at=70)  # step 70: in the second epoch
+    printed = ranks[0]["rest"]["printed"]
+    assert "its state_dict() holds no shuffle buffer: replayed to its saved position" in printed, printed
+    assert "note: a Hugging Face datasets stream: it shuffles through a buffer of 100 items" in \
+        ranks[0]["whole"]["printed"]
+
+
+def _left_untrained(printed: str) -> list[int]:
+    """Each epoch's items the run said it left untrained (read past the shortest share, short batches)."""
+    lines = [line for line in printed.splitlines() if re.match(r"epoch \d+/\d+: loss", line)]
+    return [sum(int(n) for n in re.findall(r"(\d+) items of the (?:longer shares|readers' short)", line))
+            for line in lines]
+
+
+@pytest.mark.untimed
+@pytest.mark.parametrize("workers", WORKERS)
+def test_a_hugging_face_shuffle_without_a_seed_is_refused_before_the_first_step(results, workers):
+    for each in results["hf-unseeded-shuffle", workers][0].values():
+        assert each["status"] == 2 and each["trained"] == [], each["printed"]
+        assert "each rank drew its own shuffle seed" in error_lines(each["printed"])[0], each["printed"]
+        assert "pass seed= to .shuffle()" in error_lines(each["printed"])[0]
 
 
 @pytest.mark.untimed

@@ -39,6 +39,10 @@ def hugging_face(folder: Path) -> Any:
     return load_dataset("json", data_files=files, split="train", streaming=True).with_format("torch")
 
 
+def hugging_face_shuffled(folder: Path) -> Any:
+    return hugging_face(folder).shuffle(seed=3, buffer_size=1000)
+
+
 def webdataset(folder: Path) -> Any:
     import numpy as np
     import webdataset
@@ -62,6 +66,7 @@ def mosaic(folder: Path) -> Any:
 # name: (the corpus format it reads, how a user builds it)
 STREAMS: dict[str, tuple[str, Callable[[Path], Any]]] = {
     "Hugging Face datasets (json, streaming=True)": ("jsonl", hugging_face),
+    "Hugging Face datasets, .shuffle(seed=3, buffer_size=1000)": ("jsonl", hugging_face_shuffled),
     "WebDataset (tar shards)": ("tar", webdataset),
     "litdata StreamingDataset": ("litdata", litdata),
     "MosaicML StreamingDataset": ("mds", mosaic),
