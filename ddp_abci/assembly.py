@@ -112,7 +112,7 @@ def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, 
     built = make_optimizer(factory, wrapped, config.lr)
     total = _total_steps(config, batches)
     schedule = _user_scheduler(scheduler, built) if scheduler is not None else \
-        build_schedule(built, config.schedule, config.warmup_steps, total or 0)
+        build_schedule(built, config.schedule, config.warmup_steps, _schedule_steps(config, total))
     scaler = make_scaler(plan.precision, device)
     header = {"format": ckpt.FORMAT, "global_batch": config.global_batch, "world_size": launch.world_size,
               "train_items": data.items, "config": {**config.to_dict(), **job.settings}, "gradients": gradients.name}
@@ -121,7 +121,8 @@ def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, 
     parts = resume.Parts(model=resume.ModelWeights(model), scaler=scaler,
                          optimizer=resume.OptimizerState(built, this_runs_win=scheduler is None),
                          scheduler=resume.UserScheduler(schedule) if scheduler is not None else
-                         resume.ScheduleState(schedule, position), position=position, state=state,
+                         resume.ScheduleState(schedule, position, replan=bool(config.schedule_steps)),
+                         position=position, state=state,
                          data=batches if isinstance(batches, Stream) else None,
                          compression=plan.compression if plan.compression and plan.compression.state else None)
     parts.register(checkpoints)
@@ -181,6 +182,8 @@ def _resume(snapshot: dict, path: Path, checkpoints: CheckpointManager, parts: r
     position = parts.position
     watchdog.note_checkpoint(position.step, path)
     changed = parts.optimizer.changed + resume.changed_run_settings(snapshot.get("config", {}), config)
+    if getattr(parts.scheduler, "note", ""):
+        changed.append(parts.scheduler.note)
     note = f"; this run's settings win: {', '.join(changed)}" if changed else ""
     if snapshot["world_size"] != launch.world_size:
         note += (f"; world size changed {snapshot['world_size']} -> {launch.world_size}, global batch "
@@ -222,6 +225,16 @@ def _total_steps(config: TrainConfig, batches: Any) -> int | None:
     return None
 
 
+def _schedule_steps(config: TrainConfig, total: int | None) -> int:
+    """The built-in schedule's length: --schedule-steps, else the run's own length."""
+    if config.schedule_steps:
+        return config.schedule_steps
+    if total is None and config.schedule != "constant":
+        raise UsageError(f"{name('schedule')} {config.schedule} needs the run's length, and a stream without one "
+                         f"gives none: pass {name('max_steps')} or {name('schedule_steps')}")
+    return total or 0
+
+
 def _user_scheduler(factory: Callable, optimizer: torch.optim.Optimizer) -> Any:
     try:
         scheduler = factory(optimizer)
@@ -235,7 +248,7 @@ def _user_scheduler(factory: Callable, optimizer: torch.optim.Optimizer) -> Any:
 
 
 def _refuse_both_schedules(config: TrainConfig, scheduler: Callable | None) -> None:
-    if scheduler is not None and (config.schedule != "constant" or config.warmup_steps):
+    if scheduler is not None and (config.schedule != "constant" or config.warmup_steps or config.schedule_steps):
         raise UsageError(f"fit(scheduler=...) and the built-in {name('schedule')}/{name('warmup_steps')} both set "
                          "the learning rate; use one: leave schedule='constant' and warmup_steps=0 with your own")
 

@@ -116,8 +116,12 @@ class TrainConfig:
                                       "so a resume neither repeats nor skips one; 0: by --eval-every's epochs",
                                    low=0, metavar="N")
     warmup_steps: int = option(0, "linear learning-rate warm-up over this many optimizer steps", low=0)
-    schedule: str = option("constant", "after the warm-up: constant, or cosine to zero at the last step",
+    schedule: str = option("constant", "after the warm-up: constant, or cosine to zero at the schedule's last step",
                            choices=SCHEDULE_CHOICES)
+    schedule_steps: int = option(0, "the schedule's length in optimizer steps (cosine reaches zero there); 0: the "
+                                    "run's own (--max-steps, else --epochs), fixed by its first job and kept by every "
+                                    "resume; given on a resume it re-plans the curve, said in the resume line",
+                                 low=0, metavar="N")
     metrics_jsonl: str | None = option(None, "rank 0 appends one JSON line per optimizer step", path=True)
     tensorboard: str | None = option(None, "rank 0 writes TensorBoard events to DIR "
                                            "(pip install 'ddp_abci[tensorboard]')", path=True, metavar="DIR")

@@ -64,13 +64,42 @@ def test_on_resume_this_runs_hyperparameters_win_and_the_optimizer_state_is_kept
 
 def test_a_resumed_schedule_keeps_its_position_and_takes_the_new_base_rate(tmp_path):
     args = [*SMALL, "--schedule", "cosine", "--warmup-steps", "4", "--ckpt-dir", str(tmp_path)]
-    assert_clean(train_here(*args, "--epochs", "1"))
+    assert_clean(train_here(*args, "--epochs", "1", "--max-steps", "16"))  # one epoch: 8 of the 16 steps planned
     log = tmp_path / "m.jsonl"
-    assert_clean(train_here(*args, "--epochs", "2", "--lr", "1e-3", "--resume", "--metrics-jsonl", str(log)))
+    assert_clean(train_here(*args, "--epochs", "2", "--max-steps", "16", "--lr", "1e-3", "--resume",
+                            "--metrics-jsonl", str(log)))
     lrs = [json.loads(line)["lr"] for line in log.read_text().splitlines()]
-    # The line of step 9 logs the rate after its schedule step: 16 steps in all (this run's
-    # --epochs 2, not the checkpoint's 8), 4 of warm-up, cosine at (9 - 4) / 12 of the new 1e-3.
+    # The line of step 9 logs the rate after its schedule step: 16 steps, 4 of warm-up, cosine at
+    # (9 - 4) / 12 of the new 1e-3.
     assert lrs[0] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 5 / 12)))
+
+
+def _rates(tmp_path, name: str, *args: str) -> tuple[list[float], str]:
+    log = tmp_path / f"{name}.jsonl"
+    proc = train_here(*SMALL, "--schedule", "cosine", "--warmup-steps", "2", "--metrics-jsonl", str(log), *args)
+    assert_clean(proc)
+    return [json.loads(line)["lr"] for line in log.read_text().splitlines()], proc.stdout
+
+
+def test_a_chain_extended_with_more_steps_keeps_the_curve_its_first_job_planned(tmp_path):
+    planned, _ = _rates(tmp_path, "planned", "--max-steps", "16", "--epochs", "2")
+    ck = ["--ckpt-dir", str(tmp_path / "ck")]
+    first, _ = _rates(tmp_path, "first", *ck, "--max-steps", "16", "--epochs", "1")  # a job that stops at step 8
+    rest, said = _rates(tmp_path, "rest", *ck, "--max-steps", "24", "--epochs", "3", "--resume")  # extended
+    assert first + rest[:8] == planned  # every step of the 16 at the rate the first job planned
+    assert rest[8:] == [0.0] * 8  # past it: cosine's last rate
+    assert "the schedule keeps its length, 16 steps, as the run's first job planned it" in said, said
+    assert "pass --schedule-steps 24" in said
+
+
+def test_a_schedule_re_planned_with_schedule_steps_is_named_in_the_resume_line(tmp_path):
+    ck = ["--ckpt-dir", str(tmp_path / "ck")]
+    _rates(tmp_path, "first", *ck, "--max-steps", "16", "--epochs", "1")
+    rest, said = _rates(tmp_path, "rest", *ck, "--max-steps", "24", "--epochs", "3", "--schedule-steps", "24",
+                        "--resume")
+    assert "the schedule re-planned to 24 steps (--schedule-steps), from 16" in said, said
+    assert rest[0] == pytest.approx(1e-4 * 0.5 * (1 + math.cos(math.pi * 7 / 22)))  # step 9 of the new 24
+    assert rest[-1] == 0.0
 
 
 def test_an_unreadable_last_pt_falls_back_to_prev_pt_and_says_so(tmp_path):

@@ -6,7 +6,7 @@ GradScaler, your scheduler, your EMA); the adapters here add what a resume must 
 
     OptimizerState   the optimizer's state (Adam's moments, step counts); on resume this
                      run's hyper-parameters (lr, betas, ...) win, and each change is named
-    ScheduleState    the built-in schedule's position; its shape comes from this run
+    ScheduleState    the built-in schedule's position and length; its warm-up and base rate from this run
     Position         epoch, batch_in_epoch, step: where the run is
     RNGState         torch's, Python's and numpy's generators (saved for every rank)
 
@@ -62,13 +62,16 @@ class OptimizerState:
 
 
 class ScheduleState:
-    """The built-in schedule (schedule.build_schedule; None for a constant rate) as a part:
-    its position comes from the checkpoint, its shape (base rate, warm-up, length) from this
-    run, and the current rate is recomputed at that position. A checkpoint written with a
-    constant rate joins this run's schedule at the saved step."""
+    """The built-in schedule (schedule.build_schedule; None for a constant rate) as a part: its
+    position and its length (the curve the run's first job planned) come from the checkpoint,
+    its warm-up and base rate from this run, and the current rate is recomputed at that
+    position. `replan`: --schedule-steps given, whose length wins. After a resume, `note` says
+    what became of the length when it is not simply kept ("" otherwise). A checkpoint written
+    with a constant rate joins this run's schedule at the saved step."""
 
-    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR | None, position: "Position") -> None:
-        self.scheduler, self.position = scheduler, position
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR | None, position: "Position",
+                 replan: bool = False) -> None:
+        self.scheduler, self.position, self.replan, self.note = scheduler, position, replan, ""
 
     def state_dict(self) -> dict | None:
         return self.scheduler.state_dict() if self.scheduler is not None else None
@@ -80,15 +83,30 @@ class ScheduleState:
         shape = [dict(f.__dict__) for f in scheduler.lr_lambdas]
         base_lrs = [group["initial_lr"] for group in scheduler.optimizer.param_groups]
         if state:
-            scheduler.load_state_dict(state)  # also restores the saved lambdas' fields: undone below
+            scheduler.load_state_dict(state)  # also restores the saved lambdas' fields: this run's put back below
+            saved = [f.total for f in scheduler.lr_lambdas]
             for f, fields in zip(scheduler.lr_lambdas, shape, strict=True):
                 f.__dict__.update(fields)
+            self._length(saved[0], shape[0]["total"])
         else:
             scheduler.last_epoch = self.position.step
         scheduler.base_lrs = base_lrs
         for group, base, f in zip(scheduler.optimizer.param_groups, base_lrs, scheduler.lr_lambdas, strict=True):
             group["lr"] = base * f(scheduler.last_epoch)
         scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
+
+    def _length(self, saved: int, planned: int) -> None:
+        """The saved length kept (this run's would jump to another curve mid-run), unless re-planned."""
+        if saved == planned:
+            return
+        if self.replan:
+            self.note = f"the schedule re-planned to {planned:,} steps (--schedule-steps), from {saved:,}"
+            return
+        for f in self.scheduler.lr_lambdas:
+            f.total = saved
+        self.note = (f"the schedule keeps its length, {saved:,} steps, as the run's first job planned it (this run "
+                     f"would make it {planned:,}: to re-plan the curve, pass --schedule-steps {planned}); steps past "
+                     "it train at the schedule's last rate")
 
 
 class UserScheduler:
