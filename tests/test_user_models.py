@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 
-from helpers import REPO, assert_clean, load, on_ranks, run, same_tensors
+from helpers import PYTHON, REPO, assert_clean, load, on_ranks, one_error, run, same_tensors
 
 pytestmark = [pytest.mark.usefixtures("mpirun"), pytest.mark.untimed]
 
@@ -96,10 +96,19 @@ def test_the_digits_example_reaches_95_percent_held_out_accuracy(tmp_path):
 
 def test_the_language_model_example_trains_by_steps_on_token_shards_it_writes_and_evaluates_them(tmp_path):
     proc = run(on_ranks(2, "-m", "ddp_abci.examples.language_model", "--data", str(tmp_path / "tokens"),
-                        "--max-steps", "20", "--eval-every-steps", "10", "--warmup-steps", "5", "--bs", "8",
-                        "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32", "--vocab", "256",
-                        "--eval-windows", "64"))
+                        "--synthetic", "--max-steps", "20", "--eval-every-steps", "10", "--warmup-steps", "5",
+                        "--bs", "8", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--block-size", "32",
+                        "--vocab", "256", "--eval-windows", "64"))
     assert proc.returncode == 0 and "done: 20 steps" in proc.stdout, proc.stdout
     evaluations = re.findall(r"eval after epoch 0 \(step (\d+)\): loss [\d.]+, perplexity ([\d.]+)", proc.stdout)
     assert [step for step, _ in evaluations] == ["10", "20"]
     assert all(200 < float(p) < 320 for _, p in evaluations)  # random tokens: about the vocabulary's 256
+
+
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_the_language_model_example_refuses_a_data_folder_without_shards_in_one_line(tmp_path, folder):
+    (tmp_path / "empty").mkdir()
+    proc = run([PYTHON, "-m", "ddp_abci.examples.language_model", "--data", str(tmp_path / folder)])
+    line = one_error(proc)
+    assert f"--data {tmp_path / folder}" in line and "--synthetic" in line and "prepare.py" in line, line
+    assert not list((tmp_path / "empty").iterdir())  # no random corpus written

@@ -3,14 +3,15 @@ PyTorch (nanoGPT's shape), a corpus of uint16 token files read through memory ma
 than epochs, evaluation every so many steps, bf16 where the GPU has it (--amp auto). The
 recipe around it: docs/abci.md, "A multi-day run of your own model".
 
-    mpirun -n 2 python -m ddp_abci.examples.language_model --data /tmp/tokens --max-steps 200 \\
+    mpirun -n 2 python -m ddp_abci.examples.language_model --data /tmp/tokens --synthetic --max-steps 200 \\
         --eval-every-steps 50 --n-layer 2 --n-embd 64 --block-size 64
 
 --data is a folder of *.bin shards (numpy uint16 tokens, nanoGPT's format); the last shard is
-held out for evaluation. Where the folder has none, a small random corpus is written there, to
-try it. Its own flags (--data, --block-size, --n-layer, --n-head, --n-embd, --vocab,
---eval-windows) come beside the trainer's, which parse_command_line reads as the job scripts
-pass them.
+held out for evaluation. A folder without two shards is refused before anything starts (three
+days on random tokens would end 0); --synthetic writes a small random corpus there instead, to
+try the example. Its own flags (--data, --synthetic, --block-size, --n-layer, --n-head,
+--n-embd, --vocab, --eval-windows) come beside the trainer's, which parse_command_line reads as
+the job scripts pass them.
 """
 import argparse
 import os
@@ -21,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ddp_abci import Evaluation, fit, parse_command_line
+from ddp_abci import Evaluation, fit, launched_rank, parse_command_line
 
-OWN = ("--data", "--block-size", "--n-layer", "--n-head", "--n-embd", "--vocab", "--eval-windows")
+OWN = ("--data", "--synthetic", "--block-size", "--n-layer", "--n-head", "--n-embd", "--vocab", "--eval-windows")
 
 
 class TokenWindows(torch.utils.data.Dataset):
@@ -99,6 +100,8 @@ def main() -> int:
                                               warmup_steps=100, schedule="cosine", clip_norm=1.0, own=OWN)
     own = argparse.ArgumentParser(prog="python -m ddp_abci.examples.language_model")
     own.add_argument("--data", type=Path, required=True, help="a folder of *.bin token shards (uint16)")
+    own.add_argument("--synthetic", action="store_true", help="where --data holds no shards, write a random corpus "
+                                                              "there (to try the example)")
     own.add_argument("--block-size", type=int, default=256)
     own.add_argument("--n-layer", type=int, default=12)
     own.add_argument("--n-head", type=int, default=12)
@@ -107,9 +110,16 @@ def main() -> int:
     own.add_argument("--eval-windows", type=int, default=512, help="held-out windows, from the last shard")
     args = own.parse_args(rest)
     shards = sorted(args.data.glob("*.bin"))
-    if not shards:
+    if not shards and args.synthetic:
         write_corpus(args.data, args.vocab)
         shards = sorted(args.data.glob("*.bin"))
+    if len(shards) < 2:
+        if launched_rank() == 0:
+            held = f"holds {len(shards)} *.bin shard" if args.data.is_dir() else "does not exist"
+            print(f"error: --data {args.data} {held}: it needs two or more (the last is held out); write your "
+                  "corpus there as uint16 token files (nanoGPT's prepare.py format), or pass --synthetic to try the "
+                  "example on random tokens", file=sys.stderr)
+        return 2
     train_set, last = TokenWindows(shards[:-1], args.block_size), TokenWindows(shards[-1:], args.block_size)
     held_out = torch.utils.data.Subset(last, range(min(args.eval_windows, len(last))))
     torch.manual_seed(0)
