@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from dataclasses import fields
 from typing import Any, Iterable, Mapping, NamedTuple, TypeVar
@@ -84,19 +85,25 @@ def parse_command_line(argv: list[str] | None = None, *, own: Iterable[str] = ()
         config, launch, rest = parse_command_line(epochs=30, global_batch=64)
         sys.exit(fit(model, train_set, loss_fn, config, **launch))
 
+    Check mode (`--check-args RANKS`, or DDP_ABCI_CHECK_ARGS=RANKS in the environment, as
+    scripts/submit.sh runs a TRAIN_SCRIPT before queueing it): the flags and the global batch
+    for RANKS ranks are checked, CHECKED printed, and the process exits 0 (fit() never trains).
+
     Args: argv (default sys.argv[1:]); own: the flags your script takes itself
     (own=("--shards",)): they and their values come back in `rest`, in order, for your own
     parser; defaults: TrainConfig's fields your program changes.
     Returns: CommandLine(config, launch: fit()'s rendezvous keywords, rest).
     Raises: SystemExit(2) after one `error:` line for a bad value, or a flag neither the trainer
     nor `own` knows (naming the nearest known one: a mistyped --save-every-minute would
-    otherwise be dropped, and the run would train without its saves)."""
+    otherwise be dropped, and the run would train without its saves); SystemExit(0) in check mode."""
     from .config import TrainConfig  # noqa: PLC0415  (this module stays light for the command line)
     from .parallel.launch import LaunchOptions  # noqa: PLC0415
 
     parser = OneLineParser(prog=sys.argv[0] if argv is None else "train", allow_abbrev=False)
     add_options(parser, TrainConfig, defaults=defaults)
     add_options(parser, LaunchOptions)
+    parser.add_argument("--check-args", type=int, metavar="RANKS", default=checking_ranks(),
+                        help="check these flags for RANKS ranks, then exit 0 without training")
     args, rest = parser.parse_known_args(argv)
     strange = unknown_flag(parser, rest, own)
     if strange:
@@ -105,7 +112,22 @@ def parse_command_line(argv: list[str] | None = None, *, own: Iterable[str] = ()
         config, launch = build(TrainConfig, args), build(LaunchOptions, args)
     except RunError as e:
         raise SystemExit(report(e)) from None
+    if args.check_args:
+        ranks, bs = args.check_args, config.global_batch
+        if bs % ranks:
+            parser.exit(2, f"error: --bs {bs} does not divide by {ranks} ranks: use a multiple of {ranks}, e.g. "
+                           f"--bs {max(bs // ranks, 1) * ranks}\n")
+        parser.exit(0, f"{CHECKED} for {ranks} ranks: global batch {bs} ({bs // ranks} per rank)\n")
     return CommandLine(config, {f.name: getattr(launch, f.name) for f in fields(launch)}, rest)
+
+
+CHECKED = "ddp_abci: the arguments check out"
+
+
+def checking_ranks() -> int | None:
+    """DDP_ABCI_CHECK_ARGS: the ranks to check a script's flags for (submit.sh sets it), or None."""
+    value = os.environ.get("DDP_ABCI_CHECK_ARGS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def unknown_flag(parser: argparse.ArgumentParser, rest: Iterable[str], own: Iterable[str] = ()) -> str | None:

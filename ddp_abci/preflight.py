@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from . import run_folder
 from .checkpointing import checkpoint as ckpt
 from .checkpointing import resume
 from .config import TrainConfig, name, turn_on
@@ -84,7 +85,7 @@ def _checkpoint_to_resume(config: TrainConfig, ckpt_file: Path, train_items: int
     if not (config.resume and ckpt_file.exists()):
         return None, None
     first_error = None
-    for candidate in ckpt.resume_candidates(ckpt_file.parent):
+    for candidate in run_folder.kept_checkpoints(ckpt_file.parent):
         try:
             snapshot = ckpt.load_checkpoint(candidate)
         except ckpt.CheckpointError as e:

@@ -23,8 +23,9 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
+
+from . import run_folder
 
 
 class StepClock:
@@ -58,7 +59,7 @@ class StragglerWatch:
 
     def __init__(self, threshold: float, hosts: list[str], every_s: float, ckpt_dir: str | None) -> None:
         self.threshold, self.hosts, self.every_s = threshold, hosts, every_s
-        self.file = Path(ckpt_dir) / "slow_hosts.json" if ckpt_dir else None
+        self.file = run_folder.path(ckpt_dir, run_folder.SLOW_HOSTS) if ckpt_dir else None
         self.window: list[list[int]] = [[] for _ in hosts]   # this interval's medians, per rank
         self.medians: list[list[int]] = [[] for _ in hosts]  # every interval's median, per rank
         self.best = [0] * len(hosts)

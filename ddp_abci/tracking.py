@@ -20,7 +20,9 @@ from typing import Any, Callable
 
 import torch
 
+from . import run_folder
 from .atomic_text import replace_text
+from .cluster.schedulers import job_id
 from .errors import UsageError
 from .parallel.collectives import raise_if_any_rank_failed
 
@@ -204,9 +206,10 @@ class ProgressFile:
     ddp_abci.status`. A write that fails is said once and ends this file, not the training."""
 
     def __init__(self, ckpt_dir: str, total_steps: int | None, config: Any, world_size: int) -> None:
-        self.path, self.total_steps, self.world_size = Path(ckpt_dir) / "progress.json", total_steps, world_size
+        self.path, self.total_steps, self.world_size = run_folder.path(ckpt_dir, run_folder.PROGRESS), total_steps, \
+            world_size
         self.items_per_step = config.global_batch * config.accum
-        self.job = next((os.environ[v] for v in ("PBS_JOBID", "SLURM_JOB_ID", "JOB_ID") if os.environ.get(v)), None)
+        self.job = job_id(os.environ)
 
     def write(self, step: int, epoch: int, samples_per_s: float | None) -> None:
         if self.path is None:

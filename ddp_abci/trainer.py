@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from . import jobs
+from . import run_folder
 from .assembly import Assembly, assemble
 from .autoencoder_job import AutoencoderJob, Job, complete
 from .checkpointing import checkpoint as ckpt
@@ -340,8 +340,8 @@ class Trainer:
     def _record(self, status: int, line: str) -> None:
         """The run's end in DIR/status, which the job scripts read."""
         if self.config.ckpt_dir:
-            jobs.write_status(self.config.ckpt_dir, status, finished=status == 0 and self._finished(), step=self.step,
-                              line=line, rank=self.launch.rank, host=self.host)
+            run_folder.write_status(self.config.ckpt_dir, status, finished=status == 0 and self._finished(),
+                                    step=self.step, line=line, rank=self.launch.rank, host=self.host)
 
     # -- life cycle: `with Trainer(...) as trainer:` frees what holds the process group ------
 

@@ -5,6 +5,7 @@
 # where, and the job exits 75; a second Ctrl-C ends it at once.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+REPO=$PWD
 # shellcheck source=scripts/lib/job_common.sh
 source scripts/lib/job_common.sh  # run_stoppable
 NPROC=${NPROC:-2}

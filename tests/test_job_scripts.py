@@ -183,8 +183,8 @@ def test_the_job_scripts_forward_nccl_torch_and_thread_variables_to_every_rank(l
     assert "--interface lo" in line and "done:" not in proc.stdout  # printed, not run
 
 
-def _dry_run(localhost, tmp_path, **settings) -> str:
-    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, DRY_RUN="1", **settings))
+def _dry_run(localhost, tmp_path, script="scripts/abci/train_abci3.sh", **settings) -> str:
+    proc = run(["bash", script], env=job_env(localhost, DRY_RUN="1", **settings))
     assert proc.returncode == 0, proc.stdout
     return proc.stdout
 
@@ -201,14 +201,15 @@ def _fake(tmp_path, name: str, output: str) -> str:
 # Long limits, which the labs' one-minute jobs never show (PBS's, Grid Engine's and Slurm's own
 # commands run for real in tests/test_pbs.py, test_grid_engine.py and test_slurm.py): Grid Engine's
 # line is the one a real qstat -j printed here; Slurm's %L is D-HH:MM:SS past a day.
-@pytest.mark.parametrize("scheduler, command, output, left", [
-    ({"SLURM_JOB_ID": "1234"}, "squeue", "1-00:00:00", 86400),
-    ({"JOB_ID": "1234"}, "qstat", "job_number:                 1234\nhard resource_list:         h_rt=3600,s_rt=3420",
-     3420),
+@pytest.mark.parametrize("script, scheduler, command, output, left", [
+    ("scripts/slurm/train.sbatch", {"SLURM_JOB_ID": "1234"}, "squeue", "1-00:00:00", 86400),
+    ("scripts/abci/train_abci2.sh", {"JOB_ID": "1234"}, "qstat",
+     "job_number:                 1234\nhard resource_list:         h_rt=3600,s_rt=3420", 3420),
 ])
-def test_the_deadline_comes_from_the_schedulers_own_limit(localhost, tmp_path, scheduler, command, output, left):
+def test_the_deadline_comes_from_the_schedulers_own_limit(localhost, tmp_path, script, scheduler, command, output,
+                                                          left):
     began = time.time()
-    out = _dry_run(localhost, tmp_path, PATH=_fake(tmp_path, command, output), **scheduler)
+    out = _dry_run(localhost, tmp_path, script, PATH=_fake(tmp_path, command, output), **scheduler)
     stop = int(re.search(r"--stop-at (\d+)", out)[1]) - began  # a wall-clock time: the job's end less 120 s
     assert left - 120 - 5 <= stop <= left - 120 + 1, out  # Grid Engine subtracts the script's seconds so far
     assert f"{left}s of walltime left" in out or "of walltime left" in out
@@ -247,10 +248,11 @@ esac
     ((2, 48, 2, 8), {"PBS_JOBID": "1.pbs1", "NCPUS": "192"}, "8", "ppr:4:socket:PE=12"),  # ABCI 3.0: 96 cores
     ((2, 20, 2, 4), {}, "4", "ppr:2:socket:PE=10"),                                        # ABCI 2.0's rt_F
     ((1, 16, 1, 0), {}, "4", "ppr:4:socket:PE=4"),                                         # one socket, no GPU
-    ((2, 48, 2, 8), {"SLURM_CPUS_ON_NODE": "48"}, "8", "ppr:4:socket:PE=3"),               # a shared node
+    ((2, 48, 2, 8), {"SLURM_JOB_ID": "7", "SLURM_CPUS_ON_NODE": "48"}, "8", "ppr:4:socket:PE=3"),  # a shared node
 ])
 def test_placement_comes_from_the_nodes_own_cores_never_more_than_a_socket_has(localhost, tmp_path, node, allocation,
                                                                                ranks, mapping):
+    _fake(tmp_path, "squeue", "")  # (Slurm's job: no limit to read)
     out = _dry_run(localhost, tmp_path, PATH=_node(tmp_path, *node), NPROC_PER_NODE=ranks, **allocation)
     assert f"--map-by {mapping} --bind-to core" in out, out
 

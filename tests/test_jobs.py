@@ -1,14 +1,18 @@
-"""The chain's rules (ddp_abci/jobs.py) on made-up records and outputs, in this process: what a
-job makes of the end before it, what its own end is, how a walltime reads, what submit.sh
+"""The chain's rules (ddp_abci/cluster/chain.py) on made-up records and outputs, in this process:
+what a job makes of the end before it, what its own end is, how a walltime reads, what submit.sh
 refuses before anything is queued. The job scripts and the three schedulers' labs run them
 for real (test_job_scripts.py, test_pbs.py, test_slurm.py, test_grid_engine.py)."""
 import pytest
 
-from ddp_abci import jobs
+from ddp_abci import run_folder
+from ddp_abci.cluster import chain as jobs
+from ddp_abci.cluster import jobs as command
+from ddp_abci.cluster import status, submission, walltime
+from ddp_abci.cluster.schedulers import Scheduler
 
 
 def status_file(tmp_path, **fields):
-    jobs.write_status(tmp_path, int(fields.pop("status")), finished=fields.pop("finished", False),
+    run_folder.write_status(tmp_path, int(fields.pop("status")), finished=fields.pop("finished", False),
                       step=fields.pop("step", 7), line=fields.pop("line", "a line"), rank=0, host="h1", **fields)
     return str(tmp_path)
 
@@ -16,8 +20,9 @@ def status_file(tmp_path, **fields):
 def test_the_status_file_is_one_key_a_line_in_one_order_and_reads_back(tmp_path):
     status_file(tmp_path, status=75, line="stopped   on\nSIGTERM", chain="c1")
     text = (tmp_path / "status").read_text()
-    assert [line.split("=")[0] for line in text.splitlines()] == list(jobs.FIELDS)
-    assert jobs.read_status(tmp_path)["line"] == "stopped on SIGTERM" and jobs.read_status(tmp_path)["chain"] == "c1"
+    assert [line.split("=")[0] for line in text.splitlines()] == list(run_folder.FIELDS)
+    record = run_folder.read_status(tmp_path)
+    assert record["line"] == "stopped on SIGTERM" and record["chain"] == "c1"
 
 
 def test_a_job_trains_when_no_record_of_its_chain_is_there(tmp_path):
@@ -46,25 +51,25 @@ def test_an_unexpected_failure_is_retried_once_and_stops_the_chain_the_second_ti
     jobs.record(ckpt, 1, "Traceback ...", chain="c1")
     assert jobs.verdict(ckpt, "c1", "5") == (None, "")
     jobs.record(ckpt, 1, "Traceback again")
-    assert jobs.read_status(ckpt)["failures"] == "2" and jobs.verdict(ckpt, "c1", "6")[0] == 1
+    assert run_folder.read_status(ckpt)["failures"] == "2" and jobs.verdict(ckpt, "c1", "6")[0] == 1
     jobs.record(ckpt, 69, "lost")
     jobs.record(ckpt, 1, "once more")
-    assert jobs.read_status(ckpt)["failures"] == "1"  # in a row only
+    assert run_folder.read_status(ckpt)["failures"] == "1"  # in a row only
 
 
 def test_a_status_the_run_recorded_during_the_job_wins_over_mpiruns(tmp_path, capsys):
     ckpt = str(tmp_path)
-    before = jobs.fingerprint(ckpt)
+    before = run_folder.fingerprint(ckpt)
     status_file(tmp_path, status=75, line="stopped on SIGTERM")
     assert jobs.finish(ckpt, 1, before, None, "5", chain="c1") == 75
     assert "mpirun exited 1; the run recorded 75" in capsys.readouterr().err
-    assert jobs.read_status(ckpt)["chain"] == "c1"  # for the next job
+    assert run_folder.read_status(ckpt)["chain"] == "c1"  # for the next job
 
 
 def test_mpirun_exiting_0_with_no_record_is_a_lost_rank_69_recorded(tmp_path):
     ckpt = str(tmp_path)
-    assert jobs.finish(ckpt, 0, jobs.fingerprint(ckpt), None, "5") == 69
-    assert jobs.read_status(ckpt)["status"] == "69"
+    assert jobs.finish(ckpt, 0, run_folder.fingerprint(ckpt), None, "5") == 69
+    assert run_folder.read_status(ckpt)["status"] == "69"
 
 
 def test_a_lost_daemon_after_the_ranks_started_is_that_host_lost(tmp_path):
@@ -73,7 +78,7 @@ def test_a_lost_daemon_after_the_ranks_started_is_that_host_lost(tmp_path):
                        b"  Remote daemon: [prterun-h1-123@0,1] on node h2\n")
     ckpt = str(tmp_path / "ck")
     assert jobs.finish(ckpt, 1, "none", str(output), "5") == 69
-    assert "lost its daemon on h2" in jobs.read_status(ckpt)["line"]
+    assert "lost its daemon on h2" in run_folder.read_status(ckpt)["line"]
     output.write_bytes(b"A daemon failed to report back\n")  # before the ranks started: a launch that cannot work
     assert jobs.lost_daemon_host(jobs.mpirun_output(str(output))) is None
 
@@ -83,7 +88,7 @@ def test_a_refusal_the_run_could_not_record_is_recorded_with_its_last_error_line
     output.write_bytes(b"error: first\n--- banner\n\0error: global_batch (--bs) 51 does not divide by 2\n")
     ckpt = str(tmp_path / "ck")
     assert jobs.finish(ckpt, 2, "none", str(output), "5", chain="c1") == 2
-    assert jobs.read_status(ckpt)["line"].startswith("error: global_batch (--bs) 51")
+    assert run_folder.read_status(ckpt)["line"].startswith("error: global_batch (--bs) 51")
     assert jobs.verdict(ckpt, "c1", "6")[0] == 2
 
 
@@ -91,31 +96,40 @@ def test_a_refusal_the_run_could_not_record_is_recorded_with_its_last_error_line
                                             ("90m", 5400), ("2d", 172800), ("45s", 45), ("05:30", 330),
                                             ("3420", 3420), ("00:00:59.5", 59)])
 def test_a_walltime_reads_in_each_form_users_and_schedulers_write(typed, seconds):
-    assert jobs.to_seconds(typed) == seconds
+    assert walltime.to_seconds(typed) == seconds
 
 
 def test_a_walltime_in_no_form_is_refused_naming_them():
     with pytest.raises(ValueError, match=r"walltime 3 hours: use HH:MM:SS, D-HH:MM:SS, or a number with d, h, m or s"):
-        jobs.to_seconds("3 hours")
+        walltime.to_seconds("3 hours")
 
 
 def test_the_schedulers_forms_and_the_margin():
-    assert (jobs.hms(72 * 3600), jobs.slurm_time(90000), jobs.slurm_time(3600)) == ("72:00:00", "1-01:00:00",
-                                                                                    "01:00:00")
-    assert (jobs.margin_s(60), jobs.margin_s(12 * 3600)) == (15, 120)
+    assert (walltime.hms(72 * 3600), walltime.slurm_time(90000), walltime.slurm_time(3600)) == (
+        "72:00:00", "1-01:00:00", "01:00:00")
+    assert (walltime.margin_s(60), walltime.margin_s(12 * 3600)) == (15, 120)
 
 
-def test_the_deadline_is_a_wall_clock_time_the_schedulers_end_less_the_margin(monkeypatch):
-    monkeypatch.setattr(jobs, "walltime_left", lambda environ, elapsed_s=0.0: 3600)
-    at, line = jobs.deadline({}, "5", None, now=1000.0)
+class Left(Scheduler):
+    """A scheduler whose job has `seconds` left."""
+
+    seconds = 3600
+
+    @classmethod
+    def walltime_left(cls, environ, elapsed_s=0.0):
+        return cls.seconds
+
+
+def test_the_deadline_is_a_wall_clock_time_the_schedulers_end_less_the_margin():
+    at, line = jobs.deadline(Left, {}, "5", None, now=1000.0)
     assert at == 1000.0 + 3600 - 120 and "3600s of walltime left; the trainer stops, saves and exits 75 within 3480s" \
         in line
-    monkeypatch.setattr(jobs, "walltime_left", lambda environ, elapsed_s=0.0: 12)
-    assert jobs.deadline({}, "5", None)[0] is None  # too little left: the scheduler's signal alone
+    Left.seconds = 12
+    assert jobs.deadline(Left, {}, "5", None)[0] is None  # too little left: the scheduler's signal alone
 
 
 def plan(*args, **kw):
-    return jobs.plan("abci3", kw.pop("walltime", "12h"), kw.pop("nodes", 2), 8, 3, list(args), **kw)
+    return submission.plan("abci3", kw.pop("walltime", "12h"), kw.pop("nodes", 2), 8, 3, list(args), **kw)
 
 
 def test_submit_plans_the_walltime_in_each_schedulers_form_and_the_node_hours():
@@ -155,7 +169,8 @@ def test_the_chains_rules_and_its_status_load_no_torch_for_a_login_node(tmp_path
     import subprocess
     import sys
 
-    code = ("import sys; from ddp_abci import jobs, status; jobs.plan('abci3', '12h', 2, 8, 3, ['--epochs', '5']); "
+    code = ("import sys; from ddp_abci.cluster import status, submission; "
+            "submission.plan('abci3', '12h', 2, 8, 3, ['--epochs', '5']); "
             f"status.chain_status({str(tmp_path)!r}, states={{}}); "
             "print(sorted({'torch', 'numpy'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=True).stdout
@@ -163,9 +178,7 @@ def test_the_chains_rules_and_its_status_load_no_torch_for_a_login_node(tmp_path
 
 
 def test_the_status_says_each_job_the_step_the_time_left_and_the_last_end(tmp_path):
-    from ddp_abci import status
-
-    assert jobs.main(["chain", "--site", "abci3", "--node-hours", "36", "--walltime-s", "43200", str(tmp_path),
+    assert command.main(["chain", "--site", "abci3", "--node-hours", "36", "--walltime-s", "43200", str(tmp_path),
                       "11.pbs1", "12.pbs1", "13.pbs1"]) == 0  # as submit.sh writes it
     (tmp_path / "progress.json").write_text('{"step": 3000, "total_steps": 9000, "samples_per_s": 512.0, '
                                             '"steps_per_s": 2.0, "job": "12.pbs1", "unix": 1000.0}')
@@ -181,7 +194,5 @@ def test_the_status_says_each_job_the_step_the_time_left_and_the_last_end(tmp_pa
 
 
 def test_the_status_of_a_folder_without_a_chain_is_one_line_and_exit_2(tmp_path, capsys):
-    from ddp_abci import status
-
     assert status.main([str(tmp_path)]) == 2
     assert "holds no chain's files" in capsys.readouterr().err

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from ddp_abci.cluster.schedulers import expand_hostlist
 from ddp_abci.environments import (
     ENVIRONMENTS,
     Environment,
@@ -21,7 +22,6 @@ from ddp_abci.environments import (
     launched_world_size,
     mpi,
 )
-from ddp_abci.environments.schedulers import first_host_of_list
 from ddp_abci.parallel.launch import LaunchError, discover_launch
 from ddp_abci.parallel.rendezvous import (
     AddressUnusable,
@@ -155,10 +155,11 @@ def test_a_pbs_array_job_id_gives_the_port_of_its_job_number():
     assert job_port({"JOB_ID": "8"}) == 10008 and job_port({}) is None
 
 
-@pytest.mark.parametrize("hostlist,first", [("h1", "h1"), ("h[1-2,5]", "h1"), ("a[07-09],b1", "a07"),
-                                            ("gpu-[3,1]-x", "gpu-3-x"), ("n1,n2", "n1")])
-def test_the_first_host_of_a_slurm_host_list(hostlist, first):
-    assert first_host_of_list(hostlist) == first
+@pytest.mark.parametrize("hostlist,hosts", [("h1", ["h1"]), ("h[1-2,5]", ["h1", "h2", "h5"]),
+                                            ("a[07-09],b1", ["a07", "a08", "a09", "b1"]),
+                                            ("gpu-[3,1]-x", ["gpu-3-x", "gpu-1-x"]), ("n1,n2", ["n1", "n2"])])
+def test_a_slurm_host_list_expands_to_its_hosts_in_order(hostlist, hosts):
+    assert expand_hostlist(hostlist) == hosts
 
 
 @pytest.mark.parametrize("environ,kind", [

@@ -3,6 +3,7 @@ write, the ranks a node holds, and the refusals that save a queue wait. DRY_RUN=
 lines; a stand-in qsub takes the real submission where the settings file must exist."""
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,20 @@ def one_error(proc):
     return lines[0]
 
 
+def sourced(text: str, *names: str) -> dict[str, str]:
+    """What the job's bash makes of a settings file: the values of `names` once it is sourced."""
+    script = text + "".join(f'printf "%s\\0" "${{{name}-}}"\n' for name in names)
+    out = subprocess.run(["bash", "-c", script], stdout=subprocess.PIPE, text=True, check=True).stdout
+    return dict(zip(names, out.split("\0")[:-1], strict=True))
+
+
 def dry(tmp_path, *args, **settings):
     """The submit lines of a dry run, and the settings it would write."""
     proc = submit(*args, DRY_RUN="1", SUBMIT_DIR=str(tmp_path / "submit"), **settings)
     assert proc.returncode == 0, proc.stdout
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("qsub ", "sbatch "))]
-    written = proc.stdout.split("(not written: DRY_RUN):\n", 1)[1]
+    after = proc.stdout.split("(not written: DRY_RUN):\n", 1)[1]
+    written = "".join(line + "\n" for line in after.splitlines() if re.match(r"\w+=", line))
     return lines, written, proc.stdout
 
 
@@ -72,8 +81,8 @@ def test_the_abci3_line_asks_for_whole_h200_nodes_and_runs_one_rank_per_gpu(tmp_
                             CKPT_DIR="/groups/gaa12345/run1")
     assert lines[0].startswith("qsub -P gaa12345 -q rt_HF -l select=4:mpiprocs=8 -l walltime=02:00:00 -v DDP_ABCI_ENV=")
     assert lines[0].rstrip().endswith("scripts/abci/train_abci3.sh")
-    assert "NPROC_PER_NODE=8" in written and "TRAIN_ARGS=--epochs\\ 50" in written
-    assert "CKPT_DIR=/groups/gaa12345/run1" in written
+    assert sourced(written, "NPROC_PER_NODE", "TRAIN_ARGS", "CKPT_DIR") == {
+        "NPROC_PER_NODE": "8", "TRAIN_ARGS": "--epochs 50", "CKPT_DIR": "/groups/gaa12345/run1"}
 
 
 @pytest.mark.parametrize("resource, per_node", [("rt_AF", "8"), ("rt_F", "4")])
@@ -139,8 +148,8 @@ def test_values_with_commas_reach_the_job_whole(tmp_path):
     first, second = (tmp_path / "qsub.args").read_text().splitlines()
     envfile = Path(re.search(r"DDP_ABCI_ENV=(\S+)", first)[1])
     assert "," not in first.split("-v ")[1].split()[0]  # qsub -v would split there
-    settings = envfile.read_text()
-    assert "BINDS=/data/a\\,/data/b" in settings and "TRAIN_ARGS=--interface\\ ib0\\,ib1" in settings, settings
+    settings = sourced(envfile.read_text(), "BINDS", "TRAIN_ARGS")
+    assert settings == {"BINDS": "/data/a,/data/b", "TRAIN_ARGS": "--interface ib0,ib1"}, settings
     ids, cancel = proc.stdout.splitlines()[:2], proc.stdout.splitlines()[2]
     jobs = envfile.parent / f"{envfile.stem}.jobs"
     assert jobs.read_text().split() == ids  # the chain's jobs, for its jobs

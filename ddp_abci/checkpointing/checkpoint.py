@@ -1,5 +1,5 @@
 """Checkpoint files: atomic writes of DIR/last.pt (the ones before kept as DIR/prev.pt,
-DIR/prev2.pt, ... with --keep), validated weights_only loads. (DIR/status: jobs.py.)
+DIR/prev2.pt, ... with --keep; their names: run_folder.py), validated weights_only loads.
 
 Format (other tools read these keys): model, optimizer, scaler, scheduler, epoch, step,
 world_size, config, plus for exact resume: batch_in_epoch, global_batch, train_items,
@@ -23,15 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import run_folder
 from ..errors import SaveFailed, UsageError
 
 FORMAT = "ddp_abci/1"
-FILENAME = "last.pt"
-PREVIOUS = "prev.pt"
-STATUS = "status"  # the run's verdict, key=value lines (jobs.py writes and reads it; docs/abci.md)
+FILENAME, PREVIOUS = run_folder.CHECKPOINT, run_folder.PREVIOUS
 # torch.save writes to `.<name>.<random>.tmp` beside the file (save_atomic); a rank killed
 # mid-write leaves one behind, which the next run's preflight removes.
-STALE_PATTERNS = (f".{FILENAME}.*.tmp", ".prev*.pt.*.tmp", f".{STATUS}.*.tmp")
+STALE_PATTERNS = run_folder.STALE_PATTERNS
 REQUIRED = ("format", "model", "optimizer", "scaler", "epoch", "step", "world_size", "config",
             "batch_in_epoch", "global_batch", "rng")
 # Every key every checkpoint holds: REQUIRED, which a load insists on, and those older versions
@@ -47,7 +46,7 @@ class CheckpointError(UsageError):
 
 
 def checkpoint_path(ckpt_dir: str | os.PathLike) -> Path:
-    return Path(ckpt_dir) / FILENAME
+    return run_folder.path(ckpt_dir, FILENAME)
 
 
 def check_writable(ckpt_dir: str | os.PathLike) -> None:
@@ -89,24 +88,11 @@ def save_atomic(state: dict[str, Any] | memoryview, path: str | os.PathLike) -> 
         os.close(dir_fd)
 
 
-def previous_names(keep: int) -> list[str]:
-    """The names the checkpoints before last.pt are kept under, newest first: prev.pt,
-    prev2.pt, ... (keep - 1 of them)."""
-    return [PREVIOUS] + [f"prev{i}.pt" for i in range(2, keep)] if keep > 1 else []
-
-
-def resume_candidates(ckpt_dir: str | os.PathLike) -> list[Path]:
-    """DIR's checkpoints, newest first: last.pt, then the kept ones that exist."""
-    folder = Path(ckpt_dir)
-    kept = {int(p.stem[4:] or 1): p for p in folder.glob("prev*.pt") if p.stem[4:] in ("", *map(str, range(2, 1000)))}
-    return [folder / FILENAME] + [kept[n] for n in sorted(kept) if kept[n].is_file()]
-
-
 def rotate(path: Path, keep: int) -> None:
     """Before a new last.pt is written: each kept checkpoint moves one name older (prev.pt
     to prev2.pt, ...; the oldest beyond `keep` is replaced), then last.pt becomes prev.pt.
     Every step is one atomic rename, so at every instant each file is whole."""
-    names = previous_names(keep)
+    names = run_folder.previous_names(keep)
     for older, newer in zip(reversed(names[1:]), reversed(names[:-1]), strict=False):
         if path.with_name(newer).exists():
             os.replace(path.with_name(newer), path.with_name(older))

@@ -10,9 +10,9 @@ import shutil
 import subprocess
 from typing import Mapping, NoReturn
 
+from ..cluster.schedulers import expand_hostlist
 from .base import Ranks
 from .mpi import MPILauncher, have_mpi4py
-from .schedulers import first_host_of_list
 from .variables import integer
 
 
@@ -44,7 +44,7 @@ class Srun(MPILauncher):
     def rank0_host(self) -> str | None:
         """srun places task 0 on the step's first node (its default block distribution)."""
         nodes = self.environ.get("SLURM_STEP_NODELIST") or self.environ.get("SLURM_JOB_NODELIST")
-        return first_host_of_list(nodes) if nodes else super().rank0_host()
+        return expand_hostlist(nodes)[0] if nodes else super().rank0_host()
 
     def end_job(self, status: int) -> NoReturn:
         """Under srun a task's exit leaves the others running (Slurm's KillOnBadExit is off by

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from .. import run_folder
 from ..errors import one_line
 from ..exits import EXIT_RANK_LOST
 from .diagnosis import Clock, Seen, diagnose, fresh, verdict_line
@@ -173,7 +174,7 @@ class Watchdog:
         """On the heartbeat's thread, asked by the speaker: this rank's stacks written, its place."""
         from .hang_report import dump_stacks, main_frame, where  # noqa: PLC0415  (torch: see hang_report)
 
-        folder = os.path.join(self.report_dir, f"hang-{step}") if self.report_dir else None
+        folder = str(run_folder.hang_folder(self.report_dir, step)) if self.report_dir else None
         dump_stacks(folder, self.launch.rank, self.own_error)
         return self.own_place or where(main_frame(self.main_thread), self.phases.top[0], self.step)
 
@@ -264,6 +265,6 @@ class Watchdog:
                             store_error=self.heartbeat.store_error)
         if places:
             line += "; where each live rank is: " + "; ".join(f"rank {r} {places[r]}" for r in sorted(places))
-            folder = os.path.join(self.report_dir, f"hang-{self.step}") if self.report_dir else None
+            folder = str(run_folder.hang_folder(self.report_dir, self.step)) if self.report_dir else None
             line += f" (their stacks: {folder or 'on stderr'})"
         return f"{line}; --timeout is {self.timeout_s:g} s; the job ends (exit {EXIT_RANK_LOST}); {self.checkpoint}"

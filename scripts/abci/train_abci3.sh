@@ -2,7 +2,7 @@
 # ddp_abci on ABCI 3.0 (PBS Professional, H200 nodes with 8 GPUs). Submit from the repo root:
 #   qsub -P GROUP -q rt_HF -l select=2:mpiprocs=8 -l walltime=01:00:00 scripts/abci/train_abci3.sh
 #   qsub -P GROUP -q rt_HF -l select=2:mpiprocs=8 -v CKPT_DIR=/groups/GROUP/runs/a,TRAIN_ARGS="--epochs 50" scripts/abci/train_abci3.sh
-# or scripts/submit.sh abci3 -g GROUP -n 2 -t 01:00:00 [-c N]. Settings: scripts/lib/job_common.sh.
+# or scripts/submit.sh abci3 -g GROUP -n 2 -t 01:00:00 [-c N]. Settings: docs/abci.md, "Reference".
 # Outside PBS (a test): NODEFILE=file-of-hosts CONTAINER=none NPROC_PER_NODE=2 bash scripts/abci/train_abci3.sh
 #PBS -q rt_HF
 #PBS -l select=1:mpiprocs=8
@@ -12,17 +12,12 @@
 set -euo pipefail
 # PBS runs a copy of this script from its spool: find the checkout from where qsub ran.
 REPO=${DDP_ABCI_REPO:-$(cd "$(dirname "$0")/../.." 2>/dev/null && [ -d ddp_abci ] && pwd || echo "${PBS_O_WORKDIR:-$PWD}")}
+SITE=abci3
 # shellcheck source=scripts/lib/job_common.sh
 source "$REPO/scripts/lib/job_common.sh"
 cd "$REPO"
-
-NODEFILE=${NODEFILE:-${PBS_NODEFILE:-}}
-JOB_ID=${PBS_JOBID:-local}
-JOB_NUM=${JOB_ID%%.*}          # "1234.pbs1" -> 1234
 CONTAINER=${CONTAINER:-$REPO/ddp_abci.sif}
 MODULES=${MODULES-hpcx/2.20}   # the host's mpirun; CUDA and NCCL come with the image
 [ "$CONTAINER" = none ] && MODULES=${MODULES_NO_CONTAINER-$MODULES}
-
-check_settings
-load_modules
-launch_training "$@"
+export CONTAINER MODULES
+run_job "$@"
