@@ -31,8 +31,10 @@ def base_python() -> str:
 
 def test_the_definition_parses_and_copies_files_that_exist():
     recipe = _recipe("SingularityParser", DEFINITION)
+    staged = ("build.env", "extra-requirements.txt")  # what the build script stages (stage_build.sh)
     for line in recipe.files:
-        assert (REPO / line.split()[0]).exists(), line
+        source = line.split()[0]
+        assert (REPO / source).exists() or source in [f".container/{name}" for name in staged], line
     assert any("--no-binary=mpi4py" in step for step in recipe.install)
     assert "python -m ddp_abci.train" in recipe.cmd
 
@@ -95,3 +97,75 @@ def test_the_singularity_build_as_written_in_its_dry_run_form(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "dry run: singularity build --fakeroot ddp_abci.sif scripts/container/ddp_abci.def" in proc.stdout
     assert not list(tmp_path.iterdir())  # a dry run makes no folder
+
+
+def test_both_recipes_install_your_packages_after_the_pinned_stack_from_the_same_staged_file():
+    docker, definition = _recipe("DockerParser", DOCKERFILE), _recipe("SingularityParser", DEFINITION)
+    install = "python -m ddp_abci.cluster.extras install -r /opt/ddp_abci/build/extra-requirements.txt"
+    for steps in (docker.install, definition.install):
+        text = "\n".join(steps)
+        assert install in text and text.index("--no-deps /opt/ddp_abci") < text.index(install), text
+    assert ".container/extra-requirements.txt /opt/ddp_abci/build/extra-requirements.txt" in DOCKERFILE.read_text()
+    assert any(line.split()[0] == ".container/extra-requirements.txt" for line in definition.files)
+
+
+def test_both_recipes_take_torch_index_for_an_older_driver_the_same_way():
+    wanted = '${TORCH_INDEX:+--index-url ${TORCH_INDEX}} "torch=='
+    assert wanted in DOCKERFILE.read_text() and wanted in DEFINITION.read_text()
+    assert "ARG TORCH_INDEX=" in DOCKERFILE.read_text()
+    assert ". /opt/ddp_abci/build/build.env" in DEFINITION.read_text()  # staged by build_singularity.sh
+
+
+@pytest.mark.parametrize("script", ["build_singularity.sh", "build_docker.sh"])
+def test_the_build_scripts_stage_your_requirements_and_the_torch_index(tmp_path, script):
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("datasets==5.2.0\n")
+    staged = REPO / ".container"
+    before = staged.exists()
+    proc = subprocess.run([str(REPO / "scripts" / "container" / script)], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, env=env(DRY_RUN="1", BUILD_DIR=str(tmp_path),
+                                                            EXTRA_REQUIREMENTS=str(requirements),
+                                                            EXTRA_PACKAGES="tokenizers", TORCH_INDEX="https://x/cu128"))
+    assert proc.returncode == 0, proc.stdout
+    assert "extra-requirements.txt: datasets==5.2.0 tokenizers" in proc.stdout
+    assert "TORCH_INDEX=https://x/cu128" in proc.stdout and staged.exists() == before  # a dry run stages nothing
+
+
+OKPKG = """[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+[project]
+name = "{name}"
+version = "1.0"
+dependencies = ["{needs}"]
+"""
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    """Two packages of a user's, as wheels built here offline: one that takes the image's torch, one
+    that asks for a torch the image does not have."""
+    out = tmp_path_factory.mktemp("wheels")
+    for name, needs in (("okpkg", "torch>=2"), ("badpkg", "torch>=99")):
+        source = out / f"{name}-src"
+        (source / name).mkdir(parents=True)
+        (source / name / "__init__.py").write_text("")
+        (source / "pyproject.toml").write_text(OKPKG.format(name=name, needs=needs))
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                        str(out), str(source)], check=True, stdout=subprocess.DEVNULL)
+    return {name: next(out.glob(f"{name}-*.whl")) for name in ("okpkg", "badpkg")}
+
+
+@pytest.mark.untimed
+def test_a_venv_made_without_a_rebuild_sees_the_images_packages_and_refuses_to_move_them(wheels, tmp_path):
+    venv = tmp_path / "venv"
+    make = [str(REPO / "scripts" / "container" / "make_venv.sh"), str(venv), "--no-index"]
+    made = run([*make, str(wheels["okpkg"])], env=env(CONTAINER="none", PYTHON=sys.executable))
+    assert made.returncode == 0 and f"VENV={venv}" in made.stdout, made.stdout
+    imported = run([str(venv / "bin" / "python"), "-c", "import okpkg, torch, ddp_abci; print(torch.__version__)"])
+    assert imported.stdout.strip() == __import__("torch").__version__, imported.stdout  # the image's torch
+    refused = run([*make, str(wheels["badpkg"])], env=env(CONTAINER="none", PYTHON=sys.executable))
+    errors = [line for line in refused.stdout.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 1 and len(errors) == 1, refused.stdout
+    assert "badpkg 1.0 depends on torch>=99" in errors[0] and "the image has torch" in errors[0]
+    assert run([str(venv / "bin" / "python"), "-c", "import badpkg"]).returncode == 1  # nothing installed

@@ -440,3 +440,54 @@ def test_the_doctors_time_comes_out_of_the_jobs_walltime_not_after_it(tmp_path, 
     left = int(re.search(r"(\d+)s from now", lines[-1])[1])
     assert left + (announced - asked) <= 15 + 1, (left, announced - asked)  # the job's end, not the trainer's start
     assert proc.returncode == 75 and "stopped on the --stop-after deadline" in out, out
+
+
+WHICH = """import ddp_abci, sys
+from ddp_abci import launched_rank
+print(f"rank {launched_rank()} imports {ddp_abci.__file__}", flush=True)
+"""
+
+
+def test_every_rank_imports_the_checkouts_ddp_abci_wherever_the_script_lies(localhost, tmp_path, mpirun):
+    # A Python whose own site holds another ddp_abci (as an image built before a git pull does), and
+    # a TRAIN_SCRIPT outside the checkout, whose folder Python puts first on sys.path.
+    other = tmp_path / "site" / "ddp_abci"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("raise SystemExit('the other copy')\n")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{other.parent}" exec {PYTHON} "$@"\n')
+    python.chmod(0o755)
+    script = tmp_path / "elsewhere" / "which.py"
+    script.parent.mkdir()
+    script.write_text(WHICH)
+    alone = run([str(python), "-c", "import ddp_abci"], cwd=tmp_path)
+    assert "the other copy" in alone.stdout  # what the ranks would import without the job's PYTHONPATH
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=job_env(localhost, PYTHON=str(python),
+                                                                     TRAIN_SCRIPT=str(script)))
+    imported = re.findall(r"rank (\d) imports (\S+)", proc.stdout)
+    assert sorted(imported) == [("0", str(REPO / "ddp_abci" / "__init__.py")),
+                                ("1", str(REPO / "ddp_abci" / "__init__.py"))], proc.stdout
+
+
+def test_an_image_whose_ddp_abci_is_not_the_checkouts_is_said_in_one_line_at_the_start(localhost, tmp_path):
+    # No Singularity here: a stand-in that runs the image's Python as the image would (-I: its own
+    # site only), where an older ddp_abci is installed.
+    old = tmp_path / "image-site" / "ddp_abci"
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text('__version__ = "0.0.9"\n')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "singularity").write_text(
+        f'#!/bin/bash\n[ "$1" = exec ] || exit 0\nshift; while [ "${{1#-}}" != "$1" ]; do shift 2; done\nshift\n'
+        f'[ "$1" = python3 ] && [ "$2" = -I ] && [ "$3" = -c ] || exec "$@"\n'
+        f'exec {PYTHON} -I -c "import sys; sys.path.insert(0, \'{old.parent}\'); exec(sys.argv[1])" "$4"\n')
+    (bin_dir / "singularity").chmod(0o755)
+    image = tmp_path / "ddp_abci.sif"
+    image.write_bytes(b"")
+    e = job_env(localhost, CONTAINER=str(image), PATH=f"{bin_dir}:{VENV_BIN}:{os.environ['PATH']}",
+                MPIRUN=_mpirun_printing(tmp_path, "done: 1 steps", 0))
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    said = [line for line in proc.stdout.splitlines() if "the image's ddp_abci" in line]
+    assert len(said) == 1 and "(0.0.9, source " in said[0] and "is not the checkout's (0.1.0, source " in said[0], \
+        proc.stdout
+    assert "rebuild the image" in said[0]

@@ -2,11 +2,15 @@
 scripts/submit.sh abci3 by an ordinary user, PBS's qsub, its walltime, its qdel, and
 scripts/abci/train_abci3.sh inside the jobs. The jobs train tests/paced_script.py, a fit() script
 whose steps sleep: a chain of one-minute jobs costs its minutes of waiting, little CPU."""
+import hashlib
 import json
 import os
+import pwd
 import re
+import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -199,3 +203,95 @@ def test_the_status_command_shows_the_chain_each_job_as_pbs_has_it_and_the_runs_
     assert all(job["state"].startswith("finished (exit ") for job in state["jobs"]), state["jobs"]
     assert state["finished"] and state["last_exit"]["status"] == 0 and state["step"] == 800
     assert state["site"] == "abci3" and state["node_hours"] == "0.0833333", state  # 5 jobs x 1 node x 1 minute
+
+
+# Your packages and your environment on every rank of a two-host job (issue 64): a package of the
+# user's own installed the documented way without a rebuild (scripts/container/make_venv.sh, VENV),
+# variables set before submit.sh (HF_* by default, MY_* through FORWARD_ENV), and a token whose
+# value travels in no file others can read, no log and no command line.
+OKPKG = """[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+[project]
+name = "okpkg"
+version = "1.0"
+dependencies = ["numpy"]
+"""
+
+
+def _wheel(folder: Path) -> Path:
+    """The user's own package as a wheel, built here offline (what pip would fetch from an index)."""
+    source = folder / "okpkg-src"
+    (source / "okpkg").mkdir(parents=True)
+    (source / "okpkg" / "__init__.py").write_text("")
+    (source / "pyproject.toml").write_text(OKPKG)
+    subprocess.run([PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(folder / "wheels"), str(source)], check=True, stdout=subprocess.DEVNULL)
+    for path in (folder / "wheels", *(folder / "wheels").iterdir()):
+        shutil.chown(path, USER, USER)
+    return next((folder / "wheels").glob("okpkg-*.whl"))
+
+
+def _cmdlines() -> str:
+    """Every process's command line, as /proc shows it to anyone on the host (both hosts: one kernel)."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            out.append(cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            pass
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="module")
+def user_environment(two_hosts):
+    pbs = two_hosts
+    folder = pbs.user_folder("environment")
+    made = pbs.as_user(str(REPO / "scripts" / "container" / "make_venv.sh"), str(folder / "venv"), "--no-index",
+                       str(_wheel(folder)), CONTAINER="none", PYTHON=PYTHON)
+    assert made.returncode == 0, made.stdout + made.stderr
+    token = secrets.token_hex(16)
+    # The token reaches submit.sh as it would from the user's shell: in its environment, not on a
+    # command line (a file only the user reads, sourced by the user's own shell).
+    secret = folder / "token.env"
+    secret.write_text(f"HF_TOKEN={token}\n")
+    secret.chmod(0o600)
+    shutil.chown(secret, USER, USER)
+    settings = {**SITE, "CKPT_DIR": str(folder / "ck"), "SUBMIT_DIR": str(folder / "submit"), "LOG_DIR": str(folder),
+                "TRAIN_SCRIPT": str(REPO / "tests" / "rank_env_script.py"), "VENV": str(folder / "venv"),
+                "HF_HOME": "/hf/home", "MY_SETTING": "mine", "FORWARD_ENV": "MY_*", **across(pbs)}
+    out = pbs.as_user("bash", "-c", f'set -a; . {secret}; set +a; exec {REPO}/scripts/submit.sh "$@"', "submit.sh",
+                      "abci3", "-g", "gaa00000", "-n", "2", "-p", "2", "-t", "00:02:00", "--", "--max-steps", "60",
+                      "--token-sha", hashlib.sha256(token.encode()).hexdigest(), "--pace", "0.1", **settings)
+    secret.unlink()
+    assert out.returncode == 0, out.stdout + out.stderr
+    job, cmdlines = out.stdout.split()[0], []
+    while pbs.job(job).get("job_state") != "F":
+        cmdlines.append(_cmdlines())
+        time.sleep(0.3)
+    return {"info": pbs.wait(job, 150), "log": outputs(folder, [job])[0], "said": out.stdout + out.stderr,
+            "token": token, "cmdlines": cmdlines, "folder": folder}
+
+
+def test_a_package_in_the_documented_venv_is_imported_by_every_rank_of_a_two_host_job(user_environment):
+    log = user_environment["log"]
+    ranks = re.findall(r"rank (\d) on (\S+): okpkg okpkg from (\S+);", log)
+    assert sorted(rank for rank, _, _ in ranks) == ["0", "1", "2", "3"], log
+    hosts = {host for _, host, _ in ranks}
+    assert len(hosts) == 2 and SECOND in hosts, ranks
+    assert all(path.startswith(str(user_environment["folder"] / "venv")) for _, _, path in ranks), ranks
+    assert user_environment["info"]["Exit_status"] == 0 and "done: 60 steps" in log, log
+
+
+def test_variables_set_before_submit_reach_every_rank_and_the_tokens_value_goes_nowhere_others_read(user_environment):
+    log, token = user_environment["log"], user_environment["token"]
+    reached = re.findall(r"HF_HOME=(\S+) MY_SETTING=(\S+) token arrived: (\w+)", log)
+    assert reached == [("/hf/home", "mine", "True")] * 4, log
+    assert len(user_environment["cmdlines"]) > 3 and not any(token in seen for seen in user_environment["cmdlines"])
+    assert token not in user_environment["said"]
+    for path in user_environment["folder"].rglob("*"):  # the settings file, the job's log, the run folder
+        if path.is_file() and "venv" not in path.parts:
+            assert token.encode() not in path.read_bytes(), path
+    home = Path(pwd.getpwnam(USER).pw_dir) / ".ddp_abci" / "secrets"
+    assert not list(home.glob("*.env")), list(home.iterdir())  # removed when the chain (one job) ended
+    assert "HF_TOKEN reach every rank by name" in user_environment["said"]

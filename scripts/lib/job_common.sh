@@ -26,12 +26,14 @@ die() {
 
 # The job's Python half, run by a Python that needs neither torch nor the image: JOBS_PYTHON, else
 # the trainer's own where no container is used and it is there, else the host's python3 (3.9 or newer).
+# From the checkout's root, where `python -m` finds the checkout's ddp_abci first; the job's own
+# environment is left as it is (the Python half reads it, PYTHONPATH included).
 jobs_py() {
     local python=${JOBS_PYTHON:-}
     if [ -z "$python" ] && [ "${CONTAINER:-none}" = none ] && command -v "${PYTHON:-}" >/dev/null 2>&1; then
         python=$PYTHON
     fi
-    PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "${python:-python3}" -m ddp_abci.jobs "$@"
+    (cd "$REPO" && exec "${python:-python3}" -m ddp_abci.jobs "$@")
 }
 
 # The script's own files (the host file, the copy of mpirun's output) go when it exits, however
