@@ -4,6 +4,7 @@ lines; a stand-in qsub takes the real submission where the settings file must ex
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,44 @@ def test_values_with_commas_reach_the_job_whole(tmp_path):
     assert jobs.read_text().split() == ids  # the chain's jobs, for its jobs
     assert cancel.endswith(f"to cancel them all: qdel $(tac {jobs})")
     assert f"depend=afterany:{ids[0]}" in second
+
+
+OWN = str(REPO / "ddp_abci" / "examples" / "own_model.py")  # a TRAIN_SCRIPT as users write one
+SCRIPT_SITE = dict(CONTAINER="none", PYTHON=sys.executable, TRAIN_SCRIPT=OWN)
+
+
+def test_a_train_scripts_misspelled_flag_is_refused_by_its_own_parser_before_the_queue(tmp_path):
+    line = one_error(submit("slurm", "-n", "2", "-p", "4", "--", "--save-every-minute", "30", DRY_RUN="1",
+                            SUBMIT_DIR=str(tmp_path), **SCRIPT_SITE))
+    assert f"TRAIN_SCRIPT={OWN} refuses its arguments: unknown flag --save-every-minute; did you mean " \
+           "--save-every-minutes?" in line, line
+
+
+def test_a_train_scripts_batch_that_does_not_divide_by_the_ranks_is_refused_with_its_own_default(tmp_path):
+    # own_model.py's default global batch is 64: 3 nodes x 8 ranks do not divide it
+    line = one_error(submit("slurm", "-n", "3", "-p", "8", DRY_RUN="1", SUBMIT_DIR=str(tmp_path), **SCRIPT_SITE))
+    assert "refuses its arguments: --bs 64 does not divide by 24 ranks: use a multiple of 24, e.g. --bs 48" in line
+
+
+def test_a_train_scripts_good_flags_are_checked_and_said_so(tmp_path):
+    proc = submit("slurm", "-n", "2", "-p", "4", "--", "--epochs", "3", DRY_RUN="1", SUBMIT_DIR=str(tmp_path),
+                  **SCRIPT_SITE)
+    assert proc.returncode == 0, proc.stdout
+    assert f"TRAIN_SCRIPT={OWN}: its flags check out for 8 ranks (its own parser, run here)" in proc.stdout
+
+
+def test_a_script_that_reads_no_flags_is_not_run_to_train_and_the_job_is_said_unchecked(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("import torch\nfrom ddp_abci import fit\nraise SystemExit(fit(torch.nn.Linear(1, 1), "
+                      "[torch.zeros(1)] * 4, lambda m, x: m(x).sum()))\n")
+    proc = submit("slurm", DRY_RUN="1", SUBMIT_DIR=str(tmp_path / "s"), **{**SCRIPT_SITE, "TRAIN_SCRIPT": str(script)})
+    assert proc.returncode == 0 and "its flags were not checked here (ddp_abci: fit() reached with " \
+                                    "DDP_ABCI_CHECK_ARGS set" in proc.stdout, proc.stdout
+    assert "training:" not in proc.stdout
+
+
+def test_train_args_from_the_environment_come_first_then_the_arguments_after_the_dashes(tmp_path):
+    _, written, _ = dry(tmp_path, "slurm", "--", "--epochs", "7", TRAIN_ARGS="--lr 0.01 --seed '5'")
+    assert sourced(written, "TRAIN_ARGS")["TRAIN_ARGS"] == "--lr 0.01 --seed 5 --epochs 7"
+    line = one_error(submit("slurm", "--", "--epochs", "7", TRAIN_ARGS="--lr -1", DRY_RUN="1"))
+    assert "lr (--lr) must be" in line  # checked as the trainer takes them, TRAIN_ARGS's too
