@@ -36,7 +36,7 @@ _EXPORTS = {
     "RunPlan": "plan", "plan_run": "plan",
     "build_optimizer": "model", "autoencoder_optimizer": "model", "seed_optimizer": "model", "AutoencoderLoss": "model",
     "ShardBatchSampler": "data", "to_device": "data",
-    "StopRequest": "parallel.signals", "EXIT_STOPPED": "exits",
+    "StopRequest": "parallel.signals", "EXIT_STOPPED": "exits", "EXIT_USAGE": "exits",
     "Watchdog": "parallel.watchdog", "EXIT_RANK_LOST": "exits",
     "gather": "parallel.collectives", "gather_for_metrics": "parallel.collectives", "reduce": "parallel.collectives",
     "print_main": "parallel.collectives", "print_per_node": "parallel.collectives",

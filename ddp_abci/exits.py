@@ -25,28 +25,33 @@ class Meaning(NamedTuple):
 
 
 MEANINGS: dict[int, Meaning] = {
-    EXIT_DONE: Meaning("EXIT_DONE", "done: the run trained what it was asked, or found nothing left to train",
-                       "nothing", "done"),
+    EXIT_DONE: Meaning("EXIT_DONE", "done: the run trained what it was asked (also when a stop signal arrived at "
+                                    "its very last step), or found nothing left to train", "nothing", "done"),
     EXIT_FAILED: Meaning(
-        "EXIT_FAILED", "an unexpected failure (CUDA out of memory, an NCCL error, a bug): Python's traceback",
+        "EXIT_FAILED", "an unexpected failure (CUDA out of memory, an NCCL error, a bug in the user's code outside "
+                       "loss_fn): Python's traceback; the last checkpoint intact",
         "once may be passing (resubmit with --resume); fix the cause if it repeats",
         "failed unexpectedly (the traceback above: CUDA out of memory, an NCCL error, a bug); the last checkpoint is "
         "intact; resubmit once for a passing fault, fix the cause if it repeats"),
     EXIT_USAGE: Meaning(
         "EXIT_USAGE", "bad input, refused before any training, nothing written; or one rank's own failure mid-run "
-                      "(its loss_fn or batch), said by that rank", "fix what the error: line names",
+                      "(its loss_fn raised, its batch would not collate), said by that rank, which ends the job at "
+                      "once", "fix what the error: line names",
         "refused before training (bad setting, named above); fix it, then resubmit"),
     EXIT_DIVERGED: Meaning(
-        "EXIT_DIVERGED", "diverged: the loss or gradient norm stopped being finite; the last good checkpoint kept",
+        "EXIT_DIVERGED", "diverged: the loss or gradient norm stopped being finite, or fp16 skipped "
+                         "--max-skipped-steps steps in a row; the last good checkpoint kept",
         "lower --lr or add --clip-norm, then --resume",
         "diverged; the last good checkpoint is kept; do not resubmit as is: lower --lr or add --clip-norm"),
     EXIT_RANK_LOST: Meaning(
-        "EXIT_RANK_LOST", "a rank stopped answering within --timeout; the line names it, its host and step",
+        "EXIT_RANK_LOST", "a rank stopped answering: a collective did not complete within --timeout; the line names "
+                          "the rank, its host, its step and what it was doing",
         "resubmit with --resume; look at the host",
         "a rank stopped answering (named above, with its host); the last checkpoint is intact: resubmit with the same "
         "CKPT_DIR, and check that host"),
     EXIT_SAVE_FAILED: Meaning(
-        "EXIT_SAVE_FAILED", "a checkpoint could not be written; the previous one intact",
+        "EXIT_SAVE_FAILED", "a checkpoint could not be written (disk full, quota, folder gone or read-only); the "
+                            "previous one intact",
         "free space or fix the folder, then --resume",
         "a checkpoint could not be written (disk full, quota, folder); free space, then resubmit"),
     EXIT_STOPPED: Meaning(

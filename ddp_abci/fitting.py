@@ -23,7 +23,7 @@ from .autoencoder_job import AutoencoderJob
 from .cli import checking_ranks, report
 from .config import TrainConfig
 from .errors import RunError, UsageError
-from .exits import EXIT_DONE
+from .exits import EXIT_DONE, EXIT_FAILED
 from .parallel.signals import StopRequest
 
 
@@ -173,5 +173,5 @@ def _train(config: TrainConfig, stop: StopRequest, meeting: dict, parts: dict) -
             print(f"error: rank {launch.rank} (host {socket.gethostname()}) failed; the job ends (exit 1):",
                   file=sys.stderr, flush=True)
             traceback.print_exc()
-            end_job(launch, 1)
-    return 1  # not reached: end_job does not return
+            end_job(launch, EXIT_FAILED)
+    return EXIT_FAILED  # not reached: end_job does not return

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .cli import OneLineParser
 from .errors import UsageError
+from .exits import EXIT_USAGE
 
 
 def read_run(path: Path) -> list[dict]:
@@ -90,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, out, f"{args.run.name}: {len(rows)} steps, {runs} run(s)")
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except ImportError:
         print("error: the plot needs matplotlib; install it with pip install 'ddp_abci[bench]'", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(f"wrote {out}")
     return 0
 

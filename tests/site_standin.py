@@ -12,7 +12,9 @@ does depends on the name it was called by:
     qstat     -f ID: PBS Professional's layout with the walltime qsub was given
     squeue    %L: the walltime sbatch was given
     scontrol  show hostnames: node1, node2, ...
-    module, singularity   say what they were asked and succeed
+    singularity exec      runs the command inside "the image" as this Python (its python3, with
+                          --env and --pwd as given); anything else: says what it was asked
+    module                says what it was asked and succeeds
     lscpu, nvidia-smi     an ABCI 3.0 node: 2 sockets x 48 cores x 2 threads, 8 H200s
 
 The job script itself runs for real: DRY_RUN=1 in the environment makes it print its mpirun line.
@@ -102,9 +104,29 @@ def main() -> int:
         print("\n".join(str(column(*c) if column else i) for i, c in enumerate(cpus)))
     elif name == "nvidia-smi":
         print("\n".join(f"GPU {i}: NVIDIA H200 (UUID: GPU-{i})" for i in range(GPUS)))
-    else:  # module, singularity
+    elif name == "singularity" and args[:1] == ["exec"]:
+        return singularity_exec(args[1:])
+    else:  # module, singularity's other verbs
         print(f"{name} (stand-in): {' '.join(args)}")
     return 0
+
+
+def singularity_exec(args: list[str]) -> int:
+    """`singularity exec [OPTIONS] IMAGE COMMAND...` with this Python as the image's python3."""
+    env, cwd = dict(os.environ), None
+    while args and args[0].startswith("-"):
+        flag = args.pop(0)
+        if flag in ("--nv", "--cleanenv"):
+            continue
+        value = args.pop(0)
+        if flag == "--env":
+            env.update([value.split("=", 1)])
+        elif flag == "--pwd":
+            cwd = value
+    command = args[1:]  # after the image
+    if command[:1] in (["python3"], ["python"]):
+        command[0] = sys.executable
+    return subprocess.run(command, env=env, cwd=cwd).returncode
 
 
 if __name__ == "__main__":

@@ -86,3 +86,5 @@ def test_the_documented_commands_run_as_written(checkout, site, page, index, blo
     assert files_under(checkout) == before, "a dry run wrote into the checkout"
     for job in re.findall(r"(?:qsub|sbatch) [^\n]*?(scripts/\S+)", block):
         assert f"runs {job}" in proc.stdout and "dry run: " in proc.stdout, proc.stdout
+    if "TRAIN_SCRIPT=" in block and "scripts/submit.sh" in block:  # the script's own parser ran on its flags
+        assert "its flags check out for" in proc.stdout, proc.stdout

@@ -165,18 +165,6 @@ def test_a_train_scripts_own_flags_pass_and_its_batch_is_checked_only_when_given
         plan("--bs", "12", train_script=str(script))
 
 
-def test_the_chains_rules_and_its_status_load_no_torch_for_a_login_node(tmp_path):
-    import subprocess
-    import sys
-
-    code = ("import sys; from ddp_abci.cluster import status, submission; "
-            "submission.plan('abci3', '12h', 2, 8, 3, ['--epochs', '5']); "
-            f"status.chain_status({str(tmp_path)!r}, states={{}}); "
-            "print(sorted({'torch', 'numpy'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=True).stdout
-    assert out.strip() == "[]"
-
-
 def test_the_status_says_each_job_the_step_the_time_left_and_the_last_end(tmp_path):
     assert command.main(["chain", "--site", "abci3", "--node-hours", "36", "--walltime-s", "43200", str(tmp_path),
                       "11.pbs1", "12.pbs1", "13.pbs1"]) == 0  # as submit.sh writes it

@@ -15,7 +15,16 @@ from typing import Mapping, Sequence
 
 from .. import run_folder
 from ..atomic_text import replace_text
-from ..exits import EXIT_DIVERGED, EXIT_RANK_LOST, EXIT_SAVE_FAILED, EXIT_STOPPED, EXIT_USAGE, MEANINGS
+from ..exits import (
+    EXIT_DIVERGED,
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_RANK_LOST,
+    EXIT_SAVE_FAILED,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    MEANINGS,
+)
 from .schedulers import Scheduler
 from .walltime import margin_s
 
@@ -47,12 +56,12 @@ def verdict(ckpt_dir: str, chain: str, job: str) -> tuple[int | None, str]:
     if not record or record.get("chain") != chain:
         return None, ""
     status = _int(record.get("status"), -1)
-    if status == 0 and record.get("finished") == "1":
+    if status == EXIT_DONE and record.get("finished") == "1":
         return 0, f"job {job}: the run in {ckpt_dir} is finished (step {record.get('step')}); nothing to train"
     if status in STOPS_THE_CHAIN:
         return status, f"job {job}: the chain stops: an earlier job ended with {status}: {record.get('line', '')}"
-    if status == 1 and _int(record.get("failures")) >= 2:
-        return 1, (f"job {job}: the chain stops: two jobs in a row failed unexpectedly (exit 1): "
+    if status == EXIT_FAILED and _int(record.get("failures")) >= 2:
+        return EXIT_FAILED, (f"job {job}: the chain stops: two jobs in a row failed unexpectedly (exit 1): "
                    f"{record.get('line', '')}")
     return None, ""
 
@@ -82,10 +91,11 @@ def record(ckpt_dir: str, status: int, line: str, chain: str = "") -> None:
     with contextlib.suppress(OSError):
         Path(ckpt_dir).mkdir(parents=True, exist_ok=True)
     before = run_folder.read_status(ckpt_dir)
-    failures = _int(before.get("failures")) if status == 1 and before.get("status") == "1" else 0
+    failures = _int(before.get("failures")) if status == EXIT_FAILED and before.get("status") == str(EXIT_FAILED) \
+        else 0
     run_folder.write_status(ckpt_dir, status, finished=False, step=before.get("step", ""),
                             line=line or f"exit {status}", rank="-", host=socket.gethostname(),
-                            failures=failures + (status == 1), chain=chain or before.get("chain", ""))
+                            failures=failures + (status == EXIT_FAILED), chain=chain or before.get("chain", ""))
 
 
 def stamp(ckpt_dir: str, chain: str) -> None:
@@ -140,7 +150,7 @@ def finish(ckpt_dir: str, rc: int, before: str, output: str | None, job: str, ch
             say(f"job {job}: mpirun exited {rc}; the run recorded {recorded}: "
                 f"{run_folder.read_status(ckpt_dir).get('line')}")
         status = recorded
-    elif rc == 0:
+    elif rc == EXIT_DONE:
         status = _lost(ckpt_dir, f"job {job}: mpirun exited 0 but the run recorded no end in {ckpt_dir}/status: a "
                                  "rank or the launcher was lost (Open MPI's lines above name the host); treated as 69")
     elif lost_daemon_host(text):
@@ -148,7 +158,7 @@ def finish(ckpt_dir: str, rc: int, before: str, output: str | None, job: str, ch
                                  f"{lost_daemon_host(text)} (its lines above) during training: that host, or the "
                                  "link to it, was lost; treated as 69")
     else:
-        if rc in (1, 2):
+        if rc in (EXIT_FAILED, EXIT_USAGE):
             errors = [line for line in text.splitlines() if line.startswith("error:")]
             record(ckpt_dir, rc, errors[-1] if errors else "")
         status = rc
@@ -170,7 +180,7 @@ def explain(status: int, job: str, ckpt_dir: str = "") -> str:
         return (f"job {job}: stopped early with no checkpoint (no CKPT_DIR): its work is lost; set CKPT_DIR to carry "
                 "a run from job to job")
     meaning = MEANINGS.get(status)
-    return f"job {job}: {meaning.for_a_job}" if meaning is not None and status != 0 else ""
+    return f"job {job}: {meaning.for_a_job}" if meaning is not None and status != EXIT_DONE else ""
 
 
 # -- what the next job gets --------------------------------------------------------------------

@@ -31,6 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
+from ..exits import EXIT_FAILED
+
 # pip's own tools are not the image's stack: a requirement may well ask for a newer one.
 NOT_PINNED = {"pip", "setuptools", "wheel"}
 PTH = "ddp_abci_image.pth"  # the venv's link to the image's packages
@@ -128,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"VENV={args.dir.absolute()} ({python})", flush=True)
     except Conflict as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
+        return EXIT_FAILED
     return 0
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ddp_abci import Evaluation, fit, launched_rank, parse_command_line
+from ddp_abci import EXIT_USAGE, Evaluation, fit, launched_rank, parse_command_line
 
 OWN = ("--data", "--synthetic", "--block-size", "--n-layer", "--n-head", "--n-embd", "--vocab", "--eval-windows")
 
@@ -119,7 +119,7 @@ def main() -> int:
             print(f"error: --data {args.data} {held}: it needs two or more (the last is held out); write your "
                   "corpus there as uint16 token files (nanoGPT's prepare.py format), or pass --synthetic to try the "
                   "example on random tokens", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     train_set, last = TokenWindows(shards[:-1], args.block_size), TokenWindows(shards[-1:], args.block_size)
     held_out = torch.utils.data.Subset(last, range(min(args.eval_windows, len(last))))
     torch.manual_seed(0)

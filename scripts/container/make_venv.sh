@@ -15,7 +15,6 @@ container=${CONTAINER:-$PWD/ddp_abci.sif}
 if [ "$container" = none ]; then
     cmd=(env PYTHONPATH="$PWD" "${PYTHON:-python3}" -m ddp_abci.cluster.extras venv "$venv" "$@")
 else
-    mkdir -p "$(dirname "$venv")"
     cmd=(singularity exec --env PYTHONPATH="$PWD" --bind "$PWD,$(dirname "$venv")" "$container" python3 -m
         ddp_abci.cluster.extras venv "$venv" "$@")
 fi
@@ -23,4 +22,5 @@ if [ "${DRY_RUN:-}" = 1 ]; then
     echo "dry run: $(printf '%q ' "${cmd[@]}")"
     exit 0
 fi
+mkdir -p "$(dirname "$venv")"  # Singularity binds only a folder that exists
 exec "${cmd[@]}"
