@@ -5,7 +5,7 @@ The embedding API, one function per step (each in the module named for its conce
     from ddp_abci import discover_launch, distributed, build_model, wrap_model, build_loader
     launch = discover_launch()                      # parallel/launch.py: rank, sizes, rendezvous
     with distributed(launch) as device:           # parallel/process_group.py: NCCL or gloo, torn down on exit
-        model = wrap_model(build_model(seed=0), device, launch.world_size)   # model.py
+        model = wrap_model(build_model(seed=0), device, launch.world_size)   # model.py (the seed's: autoencoder.py)
         loader = build_loader(LinspaceDataset(), launch, global_batch=50)      # data.py
         precision = resolve_precision("auto", device)                          # precision.py
 
@@ -21,9 +21,9 @@ _EXPORTS = {
     "Launch": "parallel.launch", "LaunchOptions": "parallel.launch", "discover_launch": "parallel.launch",
     "open_process_group": "parallel.process_group", "close_process_group": "parallel.process_group",
     "distributed": "parallel.process_group", "choose_device": "parallel.process_group",
-    "LinspaceDataset": "data", "build_loader": "data", "per_rank_batch": "data",
-    "SimpleModule": "model", "build_model": "model", "wrap_model": "model", "unwrap": "model",
-    "rmse_loss": "model",
+    "LinspaceDataset": "autoencoder", "build_loader": "data", "per_rank_batch": "data",
+    "SimpleModule": "autoencoder", "build_model": "autoencoder", "wrap_model": "model", "unwrap": "model",
+    "rmse_loss": "autoencoder",
     "resolve_precision": "precision", "autocast": "precision", "make_scaler": "precision",
     "save_atomic": "checkpointing.checkpoint", "load_checkpoint": "checkpointing.checkpoint",
     "TrainConfig": "config", "AutoencoderJob": "autoencoder_job", "SeedJob": "autoencoder_job", "Trainer": "trainer",
@@ -34,7 +34,8 @@ _EXPORTS = {
     "Evaluation": "fitting",
     "Diverged": "errors", "SaveFailed": "errors", "RankFailed": "errors",
     "RunPlan": "plan", "plan_run": "plan",
-    "build_optimizer": "model", "autoencoder_optimizer": "model", "seed_optimizer": "model", "AutoencoderLoss": "model",
+    "build_optimizer": "autoencoder", "autoencoder_optimizer": "autoencoder", "seed_optimizer": "autoencoder",
+    "AutoencoderLoss": "autoencoder",
     "ShardBatchSampler": "data", "to_device": "data",
     "StopRequest": "parallel.signals", "EXIT_STOPPED": "exits", "EXIT_USAGE": "exits",
     "Watchdog": "parallel.watchdog", "EXIT_RANK_LOST": "exits",

@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from . import preflight
-from .autoencoder_job import Job
 from .checkpointing import checkpoint as ckpt
 from .checkpointing import resume
 from .checkpointing.manager import CheckpointManager
@@ -31,7 +30,7 @@ from .checkpointing.save_points import ASSUMED_COPY_BYTES_PER_S, SavePoints
 from .config import TrainConfig, name
 from .data import EpochBatches, build_loader
 from .errors import UsageError
-from .model import autoencoder_optimizer, compile_model, make_optimizer, wrap_model
+from .model import adam, compile_model, make_optimizer, wrap_model
 from .parallel.agreement import Agreement
 from .parallel.collectives import all_ranks, print_main
 from .parallel.gradients import GradientPath, gradient_path, measure_and_choose
@@ -65,11 +64,13 @@ class Assembly:
     trackers: RunTrackers
 
 
-def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, stop: StopRequest,
-             position: Position, job: Job, *, optimizer: Any, scheduler: Callable | None, eval_metrics: dict,
-             state: dict, startup: dict) -> Assembly:
-    """Every part, in the order a run needs them; a bad one is one line before any training."""
+def assemble(plan: RunPlan, watchdog: Any, stop: StopRequest, position: Position, *, eval_metrics: dict,
+             startup: dict) -> Assembly:
+    """Every part, in the order a run needs them; a bad one is one line before any training.
+    `eval_metrics`: the metrics the dry run checks (none where the run never evaluates)."""
+    config, launch, job = plan.config, plan.launch, plan.parts
     device, data, model = plan.device, plan.data, job.model
+    scheduler, state = job.scheduler, dict(job.state or {})
     reader = reader_for(data.dataset, launch.rank, launch.world_size, plan.per_rank_batch, data.workers) \
         if data.stream else None
     preflight.check_data(data, reader, job.eval_set, config, launch)
@@ -108,7 +109,7 @@ def assemble(config: TrainConfig, launch: Launch, plan: RunPlan, watchdog: Any, 
     # once (torch 2.13, _dynamo/backends/distributed.py, Note [DDPOptimizer]).
     wrapped = compile_model(ddp, device) if config.compile else ddp
     batches = _batches(config, launch, plan, reader)
-    factory = optimizer or autoencoder_optimizer(config.lr, config.betas, config.fused_adam)
+    factory = job.optimizer or adam(config.lr, config.betas, config.fused_adam)
     built = make_optimizer(factory, wrapped, config.lr)
     total = _total_steps(config, batches)
     schedule = _user_scheduler(scheduler, built) if scheduler is not None else \

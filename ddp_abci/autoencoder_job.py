@@ -1,37 +1,21 @@
-"""The blog's job (the seed document's): its autoencoder, its toy dataset and its loss, from one small dataclass.
+"""The blog's job (the seed document's) as a plug-in (parts.Plugin): its settings in one small
+dataclass, from which its autoencoder, toy dataset, loss and metrics are built (autoencoder.py).
 
 `python -m ddp_abci.train` builds an AutoencoderJob from its flags (--dim-in, --dim-hidden,
---num-items, --loss) and fit() builds the model, the data and the loss from it. A fit() user
-who brings a model, data and loss never meets these settings: they are not TrainConfig's.
+--num-items, --loss) and fit() builds the parts from it, as it would take a user's. A fit()
+user who brings a model, data and loss never meets these settings: they are not TrainConfig's.
 
 Imports nothing heavy at the top: the command line builds the dataclass before torch loads.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, NamedTuple
 
 from .errors import UsageError
 from .options import check_fields, option, setting
+from .parts import Parts
 
 LOSS_CHOICES = ("rmse", "mse")
-
-
-class JobParts(NamedTuple):
-    model: Any       # torch.nn.Module
-    train_set: Any   # torch.utils.data.Dataset
-    eval_set: Any    # the held-out Dataset, or None
-    loss_fn: Any     # loss_fn(model, batch) -> scalar tensor
-
-
-class Job(NamedTuple):
-    """What one run trains: fit()'s parts, completed from the seed's job where left out."""
-    model: Any
-    train_set: Any
-    eval_set: Any
-    loss_fn: Any
-    settings: dict   # the seed's job's settings, for the checkpoint's config ({} for your own parts)
-
 
 @dataclass(frozen=True)
 class AutoencoderJob:
@@ -52,18 +36,18 @@ class AutoencoderJob:
         """Held out for evaluation when it is asked for: the last 10% of the items, never trained on."""
         return self.num_items // 10 if eval_every else 0
 
-    def build(self, seed: int, eval_every: int) -> JobParts:
-        """The seed's model (built from `seed`, the same on every rank), its datasets and its loss."""
-        from .data import autoencoder_datasets  # noqa: PLC0415  (torch loads here, not at import)
-        from .model import AutoencoderLoss, build_model  # noqa: PLC0415
+    def build(self, seed: int, eval_every: int) -> Parts:
+        """The seed's model (built from `seed`, the same on every rank), its datasets, its loss
+        and its evaluation figure (each item's RMSE or MSE, averaged exactly)."""
+        from .autoencoder import AutoencoderLoss, autoencoder_datasets, build_model  # noqa: PLC0415  (torch here)
 
         held_out = self.eval_items(eval_every)
         if eval_every and held_out < 1:
             raise UsageError(f"{setting(AutoencoderJob, 'num_items')} {self.num_items} leaves no held-out items for "
                              "eval_every (--eval-every); use at least 10 items")
         train_set, eval_set = autoencoder_datasets(self.dim_in, self.num_items, held_out)
-        model = build_model(seed, self.dim_in, self.dim_hidden)
-        return JobParts(model, train_set, eval_set, AutoencoderLoss(self.loss))
+        model, loss = build_model(seed, self.dim_in, self.dim_hidden), AutoencoderLoss(self.loss)
+        return Parts(model, train_set, loss, eval_set=eval_set, metrics=loss.metrics())
 
     def to_dict(self) -> dict:
         """Recorded in the checkpoint's `config` beside TrainConfig's fields, as before the split."""
@@ -72,15 +56,3 @@ class AutoencoderJob:
 
 SeedJob = AutoencoderJob  # its name before 2026-12-06, kept for code that imports it
 
-
-def complete(model: Any, train_set: Any, eval_set: Any, loss_fn: Any, seed_job: "AutoencoderJob | None",
-             config: Any) -> Job:
-    """fit()'s parts with what is left out taken from the seed's job, and the job's settings
-    for the checkpoint's config (empty when the user brought model, data and loss)."""
-    if model is not None and train_set is not None and loss_fn is not None:
-        return Job(model, train_set, eval_set, loss_fn, {})
-    job = seed_job or AutoencoderJob()
-    parts = job.build(config.seed, config.eval_every or config.eval_every_steps)
-    eval_set = parts.eval_set if train_set is None and eval_set is None else eval_set
-    return Job(parts.model if model is None else model, train_set if train_set is not None else parts.train_set,
-               eval_set, loss_fn or parts.loss_fn, job.to_dict())

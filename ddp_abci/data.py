@@ -1,4 +1,5 @@
-"""Data: the seed's toy dataset, batches of any structure, and the per-rank loader built on DistributedSampler."""
+"""Data: batches of any structure, and the per-rank loader built on DistributedSampler.
+(The seed's toy dataset: autoencoder.py.)"""
 from __future__ import annotations
 
 import sys
@@ -13,66 +14,6 @@ from .config import SPLIT_CHOICES as SPLITS
 from .config import name
 from .errors import UsageError
 from .parallel.launch import Launch
-
-
-class LinspaceDataset(Dataset):
-    """Item i is linspace(0, i, dim) as float32 (the seed's DummyDataset), for i in [start, start + num_items).
-
-    Indexed with a list of indices it returns the whole batch as one contiguous tensor,
-    equal bit for bit to the items (`batched_getitem`): build_loader then fetches each batch
-    with one vectorised product instead of a Python loop and a collate copy.
-
-    A set of at most KEPT_BYTES is made whole at its first batch, and each batch is a copy of
-    its rows; a larger set makes each batch's rows anew. Why: docs/benchmark.md, "The loop
-    against DDP's floor".
-    """
-
-    batched_getitem = True
-    KEPT_BYTES = 256 * 2**20
-
-    def __init__(self, dim: int = 1000, num_items: int = 10000, start: int = 0) -> None:
-        self.dim = dim
-        self.start = start
-        self.num_items = num_items
-        self._rows: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return self.num_items
-
-    def __getitem__(self, idx: int | Sequence[int]) -> torch.Tensor:
-        if isinstance(idx, (int, np.integer)):
-            return torch.from_numpy(np.linspace(0, self.start + idx, self.dim).astype(np.float32))
-        if self._rows is None and self.num_items * self.dim * 4 <= self.KEPT_BYTES:
-            self._rows = linspace_rows(np.arange(self.num_items, dtype=np.float64) + self.start, self.dim)
-        if self._rows is not None:
-            return torch.from_numpy(self._rows[np.asarray(idx, dtype=np.intp)])  # a copy: the batch owns its rows
-        return torch.from_numpy(linspace_rows(np.asarray(idx, dtype=np.float64) + self.start, self.dim))
-
-
-def linspace_rows(stops: np.ndarray, dim: int) -> np.ndarray:
-    """Row i is np.linspace(0, stops[i], dim) as float32, bit for bit, with numpy's arithmetic
-    (k * (stop / (dim - 1)) in float64, the last point set to stop exactly), written straight
-    into the float32 batch. Faster than numpy's batched linspace, which also switches every
-    row of a batch holding a 0 stop to another rounding (its gh-5437 branch), so that rows
-    there could differ from the items; here each row is its item.
-
-    numpy, not torch: between training steps each small torch op costs more than this whole
-    product (the figures: docs/benchmark.md, "where the per-step time goes")."""
-    rows = np.empty((len(stops), dim), dtype=np.float32)
-    if dim == 1:
-        rows[:] = 0  # np.linspace(0, s, 1) is [0.]
-        return rows
-    np.multiply((stops / (dim - 1))[:, None], np.arange(dim, dtype=np.float64), out=rows, casting="same_kind")
-    rows[:, -1] = stops
-    return rows
-
-
-def autoencoder_datasets(dim_in: int, num_items: int,
-                         eval_items: int) -> tuple[LinspaceDataset, LinspaceDataset | None]:
-    """The seed's data: LinspaceDataset, its last `eval_items` held out (10% with --eval-every)."""
-    train_items = num_items - eval_items
-    eval_set = LinspaceDataset(dim_in, eval_items, start=train_items) if eval_items else None
-    return LinspaceDataset(dim_in, train_items), eval_set
 
 
 class CollateFailed(UsageError):

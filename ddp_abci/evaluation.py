@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from .data import ShardBatchSampler, batch_fetcher, batch_len, to_device
-from .model import AutoencoderLoss, LossFn
+from .model import LossFn
 from .parallel.collectives import gather_for_metrics, reduce
 from .parallel.launch import Launch
 from .precision import autocast
@@ -120,9 +120,3 @@ def _mean_once(values: torch.Tensor, indices: torch.Tensor, padded_len: int) -> 
     kept, _ = gather_for_metrics(values, indices)
     return kept.mean().item()
 
-
-def default_metrics(loss_fn: LossFn) -> dict[str, MetricFn]:
-    """The seed's evaluation figure: the exact mean over items of each item's RMSE (or MSE)."""
-    if isinstance(loss_fn, AutoencoderLoss):
-        return {f"mean {loss_fn.kind.upper()}": loss_fn.per_item}
-    return {}

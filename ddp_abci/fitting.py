@@ -25,6 +25,7 @@ from .config import TrainConfig
 from .errors import RunError, UsageError
 from .exits import EXIT_DONE, EXIT_FAILED
 from .parallel.signals import StopRequest
+from .parts import Parts, Plugin, complete
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,10 @@ class Evaluation:
 
 
 def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = None, config: TrainConfig | None = None,
-        *, evaluation: Evaluation | None = None, launch: Any = None, eval_set: Any = None, optimizer: Any = None,
-        metrics: Mapping[str, Callable] | None = None, on_eval: Callable[[dict], None] | None = None,
-        collate_fn: Callable | None = None, seed_job: AutoencoderJob | None = None, stop: StopRequest | None = None,
-        master_addr: str | None = None, master_port: int | None = None, interface: str | None = None,
-        scheduler: Callable | None = None, state: Mapping[str, Any] | None = None, environment: Any = None) -> int:
+        *, evaluation: Evaluation | None = None, launch: Any = None, optimizer: Any = None,
+        scheduler: Callable | None = None, state: Mapping[str, Any] | None = None, collate_fn: Callable | None = None,
+        seed_job: Plugin | None = None, stop: StopRequest | None = None, environment: Any = None,
+        **earlier: Any) -> int:
     """Train `model` on `train_set` with `loss_fn(model, batch)` on every rank the launcher
     started.
 
@@ -57,25 +57,32 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
             over either (training_set.py says what is kept of it).
         loss_fn: fn(model, batch) -> a scalar tensor, run inside autocast.
         config: TrainConfig (default: its defaults).
-        evaluation: Evaluation(dataset, metrics, on_eval); or the same as eval_set=, metrics=, on_eval=.
-        launch: LaunchOptions(master_addr, master_port, interface) and environment=: where the
-            ranks meet (default: the launcher's); or the same as master_addr=, master_port=,
-            interface=. environment: a launch environment of your own (environments/).
+        evaluation: Evaluation(dataset, metrics, on_eval): the held-out set, its figures, and
+            what gets them on rank 0.
+        launch: LaunchOptions(master_addr, master_port, interface), or a mapping of those (what
+            parse_command_line returns): where the ranks meet (default: the launcher's).
         optimizer: a factory params -> optimizer, given a list of the model's parameters, or an
-            optimizer class called with lr=config.lr (default: the seed's Adam).
-        collate_fn: makes a list of items into a batch (default: torch's default_collate).
-        seed_job: the seed's job (AutoencoderJob) for what model, train_set and loss_fn leave out.
-        stop: an entered StopRequest, to keep your own signal handling.
+            optimizer class called with lr=config.lr (default: Adam from config.lr and betas).
         scheduler: a factory optimizer -> LRScheduler, stepped once per optimizer step.
         state: name -> an object with state_dict()/load_state_dict() (an EMA, a counter),
             saved at every save point and restored on resume.
-    Returns: the exit status: 0 done, 75 stopped by SIGTERM/SIGUSR1/Ctrl-C or --stop-after
-        with a checkpoint to resume, 2 bad input (one `error:` line printed, nothing written),
-        65 diverged, 69 a rank stopped answering, 74 a checkpoint could not be written
-        (exits.py).
-    Raises: nothing for the statuses above; an unexpected failure (a bug, CUDA out of memory)
-        on one rank ends every rank with exit 1 and the traceback.
+        collate_fn: makes a list of items into a batch (default: torch's default_collate).
+        seed_job: a plug-in (parts.Plugin) for what model, train_set and loss_fn leave out
+            (default: the seed's AutoencoderJob).
+        stop: an entered StopRequest, to keep your own signal handling.
+        environment: a launch environment of your own (environments/), used instead of the detected one.
+        earlier: the earlier spellings, still taken: eval_set=, metrics=, on_eval= (Evaluation's
+            fields) and master_addr=, master_port=, interface= (LaunchOptions').
+    Returns: the exit status (exits.MEANINGS): 0 done, 75 stopped with a checkpoint to resume,
+        2 bad input (one `error:` line printed, nothing written), 65 diverged, 69 a rank stopped
+        answering, 74 a checkpoint could not be written.
+    Raises: TypeError for a keyword fit() does not take; nothing for the statuses above; an
+        unexpected failure (a bug, CUDA out of memory) on one rank ends every rank with exit 1
+        and the traceback.
     """
+    unknown = set(earlier) - {"eval_set", "metrics", "on_eval", "master_addr", "master_port", "interface"}
+    if unknown:
+        raise TypeError(f"fit() got an unexpected keyword argument {sorted(unknown)[0]!r}")
     config = config or TrainConfig()
     if checking_ranks():  # submit.sh's check of a script that reads no flags through parse_command_line
         print("ddp_abci: fit() reached with DDP_ABCI_CHECK_ARGS set, its flags unchecked: not training", flush=True)
@@ -83,28 +90,28 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
     with contextlib.ExitStack() as stack:
         stop = stop or stack.enter_context(StopRequest())  # before torch loads: see train.main
         try:
-            evaluation = _one_evaluation(evaluation, eval_set, metrics, on_eval)
-            meeting = _one_meeting(launch, master_addr, master_port, interface, environment)
-            parts = dict(model=model, train_set=train_set, eval_set=evaluation.dataset, loss_fn=loss_fn,
-                         optimizer=optimizer, metrics=evaluation.metrics, on_eval=evaluation.on_eval,
-                         collate_fn=collate_fn, seed_job=seed_job, scheduler=scheduler, state=state)
-            return _train(config, stop, dict(meeting, timeout_s=config.timeout_s), parts)
+            evaluation = _one_evaluation(evaluation, earlier)
+            meeting = _one_meeting(launch, earlier, environment)
+            parts = Parts(model, train_set, loss_fn, eval_set=evaluation.dataset, metrics=evaluation.metrics,
+                          optimizer=optimizer, scheduler=scheduler, state=state, collate_fn=collate_fn,
+                          on_eval=evaluation.on_eval)
+            return _train(config, stop, dict(meeting, timeout_s=config.timeout_s), parts, seed_job)
         except RunError as e:  # bad input (2), diverged (65), a failed save (74): one line each
             return report(e)
 
 
-def _one_evaluation(evaluation: Evaluation | None, eval_set: Any, metrics: Any, on_eval: Any) -> Evaluation:
+def _one_evaluation(evaluation: Evaluation | None, earlier: Mapping[str, Any]) -> Evaluation:
+    fields_given = {k: earlier[k] for k in ("eval_set", "metrics", "on_eval") if earlier.get(k) is not None}
     if evaluation is None:
-        return Evaluation(eval_set, metrics, on_eval)
-    if any(v is not None for v in (eval_set, metrics, on_eval)):
+        return Evaluation(fields_given.get("eval_set"), fields_given.get("metrics"), fields_given.get("on_eval"))
+    if fields_given:
         raise UsageError("fit() got evaluation= and eval_set=/metrics=/on_eval= too: give them in one of the two")
     return evaluation
 
 
-def _one_meeting(launch: Any, master_addr: str | None, master_port: int | None, interface: str | None,
-                 environment: Any) -> dict:
-    """discover_launch()'s keywords, from launch=LaunchOptions(...) or the separate ones."""
-    separate = dict(master_addr=master_addr, master_port=master_port, interface=interface)
+def _one_meeting(launch: Any, earlier: Mapping[str, Any], environment: Any) -> dict:
+    """discover_launch()'s keywords, from launch=LaunchOptions(...) (or a mapping) or the separate ones."""
+    separate = {k: earlier.get(k) for k in ("master_addr", "master_port", "interface")}
     if launch is None:
         return dict(separate, environment=environment)
     if any(v is not None for v in separate.values()):
@@ -128,14 +135,13 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _train(config: TrainConfig, stop: StopRequest, meeting: dict, parts: dict) -> int:
+def _train(config: TrainConfig, stop: StopRequest, meeting: dict, given: Parts, seed_job: Plugin | None) -> int:
     """Discover, plan what can be planned alone, open the group, train, close: in that order."""
     # Imported here so that `--help` and bad flags answer without loading torch.
     with collector_paused():
         import torch._dynamo  # noqa: F401  DDP's and torch.optim's constructors load it anyway
         import torch.distributed as dist
 
-        from .autoencoder_job import complete
         from .parallel.launch import discover_launch
         from .parallel.phases import peer_lost
         from .parallel.process_group import choose_device, distributed
@@ -149,15 +155,14 @@ def _train(config: TrainConfig, stop: StopRequest, meeting: dict, parts: dict) -
     startup = {"process_unix": stop.created_unix, "imports_unix": time.time()}
     launch = discover_launch(**meeting)  # MPI_Init happens here, under mpirun
     startup["launch_unix"] = time.time()
-    job = complete(parts.pop("model"), parts.pop("train_set"), parts.pop("eval_set"), parts.pop("loss_fn"),
-                   parts.pop("seed_job"), config)
+    parts = complete(given, seed_job, config, AutoencoderJob)
     # Every choice checked before the group opens, each made once: the Trainer is built from it.
-    plan = plan_run(config, launch, choose_device(launch), job.train_set, parts["collate_fn"])
-    with distributed(launch, timeout_s=config.timeout_s) as device:
+    plan = plan_run(config, launch, choose_device(launch), parts)
+    with distributed(launch, timeout_s=config.timeout_s):  # on plan.device
         startup["group_unix"] = time.time()  # the run's first line comes once its gradient path is known (assembly.py)
         try:
             # The Trainer holds DDP, which holds the group: `with` frees it before the group closes.
-            with Trainer(config, launch, device, job=job, plan=plan, startup=startup, stop=stop, **parts) as trainer:
+            with Trainer.from_plan(plan, startup=startup, stop=stop) as trainer:
                 return trainer.run()
         except RunError as e:
             if e.same_on_every_rank or launch.world_size == 1:

@@ -1,4 +1,6 @@
-"""Model: the seed's minimal autoencoder, and its DistributedDataParallel wrapper."""
+"""The model's way into the loop, for any model: the DistributedDataParallel wrapper,
+torch.compile, the optimizer built and checked, the default optimizer. (The seed's
+autoencoder: autoencoder.py.)"""
 from __future__ import annotations
 
 import functools
@@ -12,69 +14,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .errors import UsageError
 
-
-class SimpleModule(nn.Module):
-    """Linear(dim_in -> dim_hidden) then Linear(dim_hidden -> dim_in), as in the seed."""
-
-    def __init__(self, dim_in: int = 1000, dim_hidden: int = 100) -> None:
-        super().__init__()
-        self.dim_in = dim_in
-        self.dim_hidden = dim_hidden
-        self.net = nn.Sequential(nn.Linear(dim_in, dim_hidden), nn.Linear(dim_hidden, dim_in))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-def build_model(seed: int, dim_in: int = 1000, dim_hidden: int = 100) -> SimpleModule:
-    """Seeded immediately before construction, so every rank starts from the same weights
-    (DDP also broadcasts rank 0's, but a seeded build makes runs reproducible)."""
-    torch.manual_seed(seed)
-    try:
-        return SimpleModule(dim_in, dim_hidden)
-    except (RuntimeError, MemoryError) as e:  # the allocator refused: say which flags made it big
-        if "alloc" not in str(e).lower() and not isinstance(e, MemoryError):
-            raise
-        params = 2 * dim_in * dim_hidden + dim_in + dim_hidden
-        raise UsageError(f"the model's {params:,} parameters ({params * 4 / 1e9:.1f} GB) do not fit in memory; "
-                         "use a smaller --dim-in or --dim-hidden") from None
-
-
-def rmse_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The seed's loss: the square root of the batch's mean squared error."""
-    return ((x - y) ** 2).mean().sqrt()
-
-
-def mse_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean squared error, a per-sample mean: K accumulated micro-batches of B then equal
-    one batch of K*B exactly (the seed's RMSE, a square root of the mean, does not)."""
-    return ((x - y) ** 2).mean()
-
-
-LOSSES = {"rmse": rmse_loss, "mse": mse_loss}
-
 # What the Trainer calls: loss_fn(model, batch) -> a scalar tensor, inside autocast.
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 # What fit(optimizer=) takes: params -> optimizer, given a list of the model's parameters (so
 # that a weight-decay split can go over it twice), or an optimizer class, called with lr=config.lr.
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-
-
-class AutoencoderLoss:
-    """The seed's job as a loss_fn: reconstruct the batch, loss(x, model(x)).
-    A class, not a lambda, so that it pickles (DataLoader workers, torch.compile)."""
-
-    def __init__(self, kind: str = "rmse") -> None:
-        self.kind, self.fn = kind, LOSSES[kind]
-
-    def __call__(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x, model(x))
-
-    def per_item(self, model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """Each item's own loss (the evaluation's exact per-item mean)."""
-        y = model(x).float()
-        mse = ((x - y) ** 2).mean(dim=1)
-        return mse.sqrt() if self.kind == "rmse" else mse
 
 
 def compile_model(model: nn.Module, device: torch.device) -> nn.Module:
@@ -104,21 +48,13 @@ def wrap_model(model: nn.Module, device: torch.device, world_size: int, *,
                find_unused_parameters=find_unused_parameters)
 
 
-def autoencoder_optimizer(lr: float, betas: tuple[float, float], fused: bool = True) -> OptimizerFactory:
-    """The seed's Adam, as the Trainer's optimizer factory (params -> optimizer).
-    fused=True does the whole update in one kernel per parameter group, about 3 times
-    faster than the per-tensor loop here (docs/benchmark.md); it runs on CUDA too. Its
-    rounding differs from the loop's in the last bits, which the seed's job amplifies
-    (docs/accelerate.md, parity): fused=False matches the seed and Accelerate exactly."""
+def adam(lr: float, betas: tuple[float, float], fused: bool = True) -> OptimizerFactory:
+    """The default optimizer, Adam from TrainConfig's lr and betas, as a factory (params -> optimizer).
+    fused=True does the whole update in one kernel per parameter group, about 3 times faster
+    than the per-tensor loop here (docs/benchmark.md); it runs on CUDA too. Its rounding differs
+    from the loop's in the last bits, which the seed's job amplifies (docs/accelerate.md,
+    parity): fused=False matches the seed and Accelerate exactly."""
     return functools.partial(torch.optim.Adam, lr=lr, betas=tuple(betas), fused=fused or None)
-
-
-seed_optimizer = autoencoder_optimizer  # its name before 2026-12-06, kept for code that imports it
-
-
-def build_optimizer(model: nn.Module, lr: float, betas: tuple[float, float]) -> torch.optim.Adam:
-    """The seed's Adam over a model's parameters."""
-    return autoencoder_optimizer(lr, betas)(model.parameters())
 
 
 def make_optimizer(factory: Any, model: nn.Module, lr: float) -> torch.optim.Optimizer:

@@ -1,12 +1,11 @@
-"""The resolved run: what a TrainConfig means on this launch, this machine and this training
-set, worked out once (before the process group opens, so a bad choice costs nothing) and
-passed in. Each question has one answer here: the device, the precision, the gradient path,
-each rank's batch, and what is trained on (training_set.py: a stream or not, its items, pin
-memory, workers)."""
+"""The resolved run: what a TrainConfig means on this launch, this machine and these parts,
+worked out once (before the process group opens, so a bad choice costs nothing) and the one
+thing a Trainer is built from. Each question has one answer here: the device, the precision,
+the gradient path, each rank's batch, and what is trained on (training_set.py: a stream or not,
+its items, pin memory, workers)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import torch
 
@@ -16,6 +15,7 @@ from .errors import UsageError
 from .options import check_choice
 from .parallel.gradients import Compression, GradientPath, gradient_path
 from .parallel.launch import Launch
+from .parts import Parts
 from .precision import resolve_precision
 from .training_set import TrainingSet, training_set
 
@@ -24,11 +24,14 @@ from .training_set import TrainingSet, training_set
 class RunPlan:
     """What fit() resolves once, before the group opens, and the Trainer is built from."""
 
+    config: TrainConfig
+    launch: Launch
+    parts: Parts           # what is trained (the plug-in's where the caller left them out)
     device: torch.device   # cuda:<local rank>, or the CPU
     precision: str         # "no" (fp32), "fp16" or "bf16": --amp auto resolved
     comm: str              # the gradient all-reduce: nccl, mpi, gloo, or "measure" (MPI or gloo, by measurement)
     per_rank_batch: int    # --bs split over the ranks
-    data: TrainingSet | None  # what is trained on, and how it is read (None: planned without one)
+    data: TrainingSet      # what is trained on, and how it is read
 
     compression: Compression | None = None  # --grad-compression's hook and state, or None
 
@@ -38,10 +41,9 @@ class RunPlan:
         return None if self.comm == "measure" else gradient_path(self.comm, self.compression)
 
 
-def plan_run(config: TrainConfig, launch: Launch, device: torch.device, train_set: Any = None,
-             collate_fn: Callable | None = None) -> RunPlan:
-    """Each choice checked by its own function; a UsageError names the fix. `train_set`: a
-    Dataset, an IterableDataset or a DataLoader (training_set.py)."""
+def plan_run(config: TrainConfig, launch: Launch, device: torch.device, parts: Parts) -> RunPlan:
+    """Each choice checked by its own function; a UsageError names the fix. `parts.train_set`:
+    a Dataset, an IterableDataset or a DataLoader (training_set.py)."""
     if config.sync_batchnorm and device.type != "cuda":
         # torch 2.13's SyncBatchNorm.forward raises for CPU tensors whenever a process group
         # is open (nn/modules/batchnorm.py), even on one rank.
@@ -49,13 +51,13 @@ def plan_run(config: TrainConfig, launch: Launch, device: torch.device, train_se
                          "CPU leave it off (rank 0's BatchNorm statistics are shared before each evaluation and save)")
     check_choice(name("grad_compression"), config.grad_compression, COMPRESSION_CHOICES)
     compressed = config.grad_compression != "none"
-    return RunPlan(device=device, precision=resolve_precision(config.amp, device),
+    return RunPlan(config=config, launch=launch, parts=parts, device=device,
+                   precision=resolve_precision(config.amp, device),
                    comm=resolve_comm(config.comm, launch, device, compressed),
                    compression=Compression(config.grad_compression, config.powersgd_rank,
                                            config.powersgd_warmup_steps) if compressed else None,
                    per_rank_batch=per_rank_batch(config.global_batch, launch.world_size),
-                   data=None if train_set is None else training_set(train_set, config, collate_fn, device,
-                                                                    launch.world_size))
+                   data=training_set(parts.train_set, config, parts.collate_fn, device, launch.world_size))
 
 
 def resolve_comm(comm: str, launch: Launch, device: torch.device, compressed: bool = False) -> str:

@@ -33,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     # Handlers first: a walltime SIGTERM during start-up is kept and acted on at the first
     # agreed step instead of killing the rank mid-import.
     with StopRequest() as stop:
-        from dataclasses import asdict
-
         from .autoencoder_job import AutoencoderJob
         from .cli import build, report
         from .config import TrainConfig
@@ -47,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             config, job, options = build(TrainConfig, args), build(AutoencoderJob, args), build(LaunchOptions, args)
         except UsageError as e:
             return report(e)
-        return fit(config=config, seed_job=job, stop=stop, **asdict(options))
+        return fit(config=config, seed_job=job, stop=stop, launch=options)
 
 
 if __name__ == "__main__":

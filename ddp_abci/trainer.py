@@ -25,18 +25,19 @@ import torch
 
 from . import run_folder
 from .assembly import Assembly, assemble
-from .autoencoder_job import AutoencoderJob, Job, complete
+from .autoencoder_job import AutoencoderJob
 from .checkpointing import checkpoint as ckpt
 from .checkpointing.resume import Position
 from .config import TrainConfig
 from .errors import Diverged, RunError, SaveFailed
-from .evaluation import MetricFn, default_metrics, evaluate
+from .evaluation import MetricFn, evaluate
 from .exits import end_of_run
 from .model import LossFn, OptimizerFactory, unwrap
 from .parallel.collectives import all_ranks, broadcast_buffers, check_replicas_agree, print_main, rank0_decides
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest, signal_name
 from .parallel.watchdog import Watchdog, collective
+from .parts import Parts, Plugin, complete
 from .plan import RunPlan, plan_run
 from .steps import EpochTally, Groups, StepResult, train_step
 from .stragglers import StepClock
@@ -44,14 +45,16 @@ from .tracking import Clock, epoch_line, peak_memory_mib, run_summary, training_
 
 
 class Trainer:
-    """One run's loop, built once: `Trainer(config, launch, device, model=..., train_set=...,
-    loss_fn=...)` inside an open process group, then run(). fit() builds it the same way.
+    """One run's loop, built once from its plan (plan.RunPlan: the parts, the config, the launch
+    and every choice resolved), then run(). Two ways in, each total: `Trainer(config, launch,
+    device, model=..., train_set=..., loss_fn=..., ...)` inside a process group you opened
+    (the parts as fit() takes them, planned here), and `Trainer.from_plan(plan)`, as fit() and
+    the comparison tools build it from the plan they made before the group opened.
 
     Args: config (TrainConfig), launch (parallel.launch.Launch), device (the rank's device);
-    the parts as fit() takes them (model, train_set, eval_set, loss_fn, optimizer, metrics,
-    on_eval, collate_fn, scheduler, state, seed_job); plan: the RunPlan fit() made before the
-    group opened (made here when None); job: the parts completed from the seed's job (fit()'s;
-    made here from the parts when None); startup: the start-up milestones; stop: the
+    the parts as fit() takes them (parts.Parts' fields: model, train_set, eval_set, loss_fn,
+    optimizer, metrics, on_eval, collate_fn, scheduler, state), what they leave out taken from
+    seed_job (default: the seed's AutoencoderJob); startup: the start-up milestones; stop: the
     StopRequest that turns signals into a stop (a new one when None).
     Raises: RunError (UsageError and its kin: one line, exit 2) for a part that cannot work,
     before any training; the process group stays as it was.
@@ -61,35 +64,41 @@ class Trainer:
                  model: torch.nn.Module | None = None, train_set: Any = None, eval_set: Any = None,
                  loss_fn: LossFn | None = None, optimizer: OptimizerFactory | type | None = None,
                  metrics: Mapping[str, MetricFn] | None = None, on_eval: Callable[[dict], None] | None = None,
-                 collate_fn: Callable | None = None, seed_job: AutoencoderJob | None = None,
-                 plan: RunPlan | None = None,
-                 startup: dict[str, float] | None = None, stop: StopRequest | None = None,
-                 scheduler: Callable | None = None, state: Mapping[str, Any] | None = None,
-                 job: Job | None = None) -> None:
-        job = job or complete(model, train_set, eval_set, loss_fn, seed_job, config)
-        self.config, self.launch, self.device = config, launch, device
-        self.plan = plan or plan_run(config, launch, device, job.train_set, collate_fn)
-        self.precision, self.per_rank_batch, self.stream = self.plan.precision, self.plan.per_rank_batch, \
-            self.plan.data.stream
+                 collate_fn: Callable | None = None, seed_job: Plugin | None = None, scheduler: Callable | None = None,
+                 state: Mapping[str, Any] | None = None, startup: dict[str, float] | None = None,
+                 stop: StopRequest | None = None) -> None:
+        given = Parts(model, train_set, loss_fn, eval_set=eval_set, metrics=metrics, optimizer=optimizer,
+                      scheduler=scheduler, state=state, collate_fn=collate_fn, on_eval=on_eval)
+        self._build(plan_run(config, launch, device, complete(given, seed_job, config, AutoencoderJob)), startup, stop)
+
+    @classmethod
+    def from_plan(cls, plan: RunPlan, *, startup: dict[str, float] | None = None,
+                  stop: StopRequest | None = None) -> "Trainer":
+        """The Trainer of a plan made before the process group opened (fit(), the comparison tools)."""
+        trainer = cls.__new__(cls)
+        trainer._build(plan, startup, stop)
+        return trainer
+
+    def _build(self, plan: RunPlan, startup: dict[str, float] | None, stop: StopRequest | None) -> None:
+        config, launch, parts = plan.config, plan.launch, plan.parts
+        self.config, self.launch, self.device, self.plan = config, launch, plan.device, plan
+        self.precision, self.per_rank_batch, self.stream = plan.precision, plan.per_rank_batch, plan.data.stream
         self.clock, self.stop, self.host = Clock(startup), stop or StopRequest(), socket.gethostname()
         self.here = f"rank {launch.rank} (host {self.host})"  # who a failure names
         self.position = Position()  # where the run is: the start, or (assembly.py) a resume's
-        self.eval_set, self.on_eval, self.loss_fn = job.eval_set, on_eval, job.loss_fn
-        self.collate_fn = self.plan.data.collate_fn
-        self.eval_metrics = dict(metrics) if metrics is not None else default_metrics(self.loss_fn)
-        held_out = job.eval_set is not None
+        self.eval_set, self.on_eval, self.loss_fn = parts.eval_set, parts.on_eval, parts.loss_fn
+        self.collate_fn, self.eval_metrics = plan.data.collate_fn, dict(parts.metrics or {})
+        held_out = parts.eval_set is not None
         self.eval_every = (config.eval_every or (0 if config.eval_every_steps else 1)) if held_out else 0
         self.eval_every_steps, self.evaluated_at = config.eval_every_steps if held_out else 0, -1
         self.watchdog = Watchdog(launch, config.timeout_s, record=self._record, report_dir=config.ckpt_dir,
                                  step=lambda: self.position.step).start()
-        self.tally, self.steps_left, self.save_due, self.groups = EpochTally(device), None, False, None
+        self.tally, self.steps_left, self.save_due, self.groups = EpochTally(self.device), None, False, None
         self.step_clock = StepClock(self.watchdog)
         self.built: Assembly | None = None  # everything the loop trains with (assembly.py), kept whole
         try:
-            self.built = assemble(config, launch, self.plan, self.watchdog, self.stop, self.position, job,
-                                  optimizer=optimizer, scheduler=scheduler, state=dict(state or {}),
-                                  eval_metrics=self.eval_metrics if self.eval_every or self.eval_every_steps else {},
-                                  startup=self.clock.startup)
+            self.built = assemble(plan, self.watchdog, self.stop, self.position, startup=self.clock.startup,
+                                  eval_metrics=self.eval_metrics if self.eval_every or self.eval_every_steps else {})
         except BaseException:
             # Free DDP now, while the group is open: dropped later with the traceback, its
             # reducer's gloo threads deadlock on the GIL (seen as a rank hung at exit).

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import torch
 
-from ddp_abci.data import LinspaceDataset, ShardBatchSampler
+from ddp_abci.autoencoder import LinspaceDataset
+from ddp_abci.data import ShardBatchSampler
 from ddp_abci.parallel.collectives import gather, gather_for_metrics, main_process_first, reduce, wait_for_everyone
 from ddp_abci.parallel.launch import discover_launch
 from ddp_abci.parallel.process_group import distributed

@@ -15,7 +15,7 @@ import sys
 import time
 
 from ddp_abci import train
-from ddp_abci.model import AutoencoderLoss
+from ddp_abci.autoencoder import AutoencoderLoss
 from ddp_abci.trainer import Trainer
 
 mode, argv = sys.argv[1], sys.argv[2:]

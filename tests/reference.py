@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ddp_abci.model import SimpleModule
+from ddp_abci.autoencoder import SimpleModule
 
 
 def item(i: int, dim: int = 1000) -> torch.Tensor:

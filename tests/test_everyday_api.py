@@ -58,7 +58,7 @@ def test_evaluation_counts_every_held_out_item_exactly_once(tmp_path, mpirun):
     proc, state = _weights(tmp_path, "--num-items", "410", "--eval-every", "1")
     line = next(line for line in proc.stdout.splitlines() if line.startswith("eval after epoch 1"))
     assert line.endswith("over 41 held-out items")
-    from ddp_abci.model import SimpleModule
+    from ddp_abci.autoencoder import SimpleModule
 
     model = SimpleModule()
     model.load_state_dict(state["model"])
@@ -101,7 +101,7 @@ def test_the_metrics_log_has_one_line_per_step_with_every_field(tmp_path):
 def test_compile_trains_the_compiled_model_to_the_weights_of_the_eager_one(tmp_path):
     _, compiled = _weights_here(tmp_path / "compiled", "--compile", "--max-steps", "3")
     _, eager = _weights_here(tmp_path / "eager", "--max-steps", "3")
-    from ddp_abci.model import build_model
+    from ddp_abci.autoencoder import build_model
 
     initial = build_model(seed=3).state_dict()  # SMALL's seed
     assert compiled["step"] == eager["step"] == 3
@@ -113,8 +113,9 @@ def test_compile_trains_the_compiled_model_to_the_weights_of_the_eager_one(tmp_p
 def test_compile_without_a_compiler_says_what_is_missing(monkeypatch):
     import shutil
 
+    from ddp_abci.autoencoder import SimpleModule
     from ddp_abci.errors import UsageError
-    from ddp_abci.model import SimpleModule, compile_model
+    from ddp_abci.model import compile_model
 
     monkeypatch.setattr(shutil, "which", lambda name: None)  # no g++, c++ or clang++ on PATH
     with pytest.raises(UsageError, match="--compile on the CPU needs a C\\+\\+ compiler"):

@@ -66,7 +66,8 @@ def test_accelerates_seedable_split_batches_are_the_contiguous_split_batch_for_b
     from accelerate.data_loader import BatchSamplerShard, SeedableRandomSampler
     from torch.utils.data import BatchSampler
 
-    from ddp_abci.data import LinspaceDataset, ShardBatchSampler
+    from ddp_abci.autoencoder import LinspaceDataset
+    from ddp_abci.data import ShardBatchSampler
     from ddp_abci.parallel.launch import Launch
 
     ds = LinspaceDataset(num_items=400)

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from ddp_abci.assembly import seed_everything
+from ddp_abci.autoencoder import LinspaceDataset, autoencoder_optimizer
 from ddp_abci.config import TrainConfig
-from ddp_abci.data import BatchedView, LinspaceDataset, ShardBatchSampler, batch_fetcher, build_loader, iterate
+from ddp_abci.data import BatchedView, ShardBatchSampler, batch_fetcher, build_loader, iterate
 from ddp_abci.errors import UsageError
-from ddp_abci.model import autoencoder_optimizer, wrap_model
+from ddp_abci.model import wrap_model
 from ddp_abci.parallel.collectives import check_replicas_agree, gather_for_metrics  # noqa: F401  (rows name them)
 from ddp_abci.parallel.launch import Launch
 from ddp_abci.parallel.process_group import cpu_threads

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from ddp_abci.autoencoder import LinspaceDataset, SimpleModule, linspace_rows
 from ddp_abci.checkpointing import checkpoint as ckpt
 from ddp_abci.config import TrainConfig
-from ddp_abci.data import LinspaceDataset, ShardBatchSampler, build_loader, iterate, linspace_rows, per_rank_batch
+from ddp_abci.data import ShardBatchSampler, build_loader, iterate, per_rank_batch
 from ddp_abci.errors import UsageError
-from ddp_abci.model import SimpleModule
 from ddp_abci.parallel.launch import Launch
 from ddp_abci.parallel.signals import StopRequest
 from ddp_abci.precision import make_scaler, resolve_precision

@@ -113,8 +113,7 @@ def run(args: argparse.Namespace, process_started: float | None = None) -> int:
     import torch.distributed.nn.functional  # noqa: F401  before the group: see parallel/process_group.py
     from torch.utils.data import DataLoader
 
-    from ..data import LinspaceDataset
-    from ..model import build_model, rmse_loss
+    from ..autoencoder import LinspaceDataset, build_model, rmse_loss
 
     clock = SideClock(process_started or time.time())
     accelerator = make_accelerator(args.amp, args.as_written, args.seed, args.comm_hook,

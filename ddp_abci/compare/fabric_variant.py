@@ -51,8 +51,7 @@ def run(args: argparse.Namespace, process_started: float) -> int:
     from lightning.fabric.plugins.environments import MPIEnvironment
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from ..data import LinspaceDataset
-    from ..model import build_model, rmse_loss
+    from ..autoencoder import LinspaceDataset, build_model, rmse_loss
 
     clock = SideClock(process_started)
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"

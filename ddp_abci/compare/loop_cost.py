@@ -54,20 +54,20 @@ def floor_rate(launch, device, comm: str, per_rank: int, steps: int, num_items: 
 
 def trainer_rate(launch, device, comm: str, args: argparse.Namespace) -> float:
     """One run of the Trainer on the seed's job, its lines kept off the output: samples/s."""
-    from ..autoencoder_job import AutoencoderJob, complete
+    from ..autoencoder_job import AutoencoderJob
     from ..config import TrainConfig
     from ..trainer import Trainer
 
     config = TrainConfig(epochs=args.epochs, global_batch=args.bs, comm=comm)
-    job = complete(None, None, None, None, AutoencoderJob(num_items=args.num_items), config)
-    with contextlib.redirect_stdout(io.StringIO()), Trainer(config, launch, device, job=job) as trainer:
+    job = AutoencoderJob(num_items=args.num_items)
+    with contextlib.redirect_stdout(io.StringIO()), Trainer(config, launch, device, seed_job=job) as trainer:
         trainer.run()
     return trainer.clock.samples_per_s()
 
 
 def gradient_path_name(launch, device) -> str:
     """The path --comm auto takes (measured once, as the trainer measures it), for all three loops."""
-    from ..model import build_model
+    from ..autoencoder import build_model
     from ..parallel.gradients import measure_and_choose
     from ..plan import resolve_comm
 

@@ -56,7 +56,7 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str, dat
 
     import torch
 
-    from ..model import build_model
+    from ..autoencoder import build_model
     from ..parallel.gradients import measure_and_choose
     from ..parallel.launch import discover_launch
     from ..parallel.process_group import distributed
@@ -80,8 +80,9 @@ def _seed_batches(launch, per_rank: int, num_items: int | None = None):
     """This rank's batches of the seed's training set (of num_items; the seed's by default),
     read as the trainer reads them (its sampler, the dataset's batched fetch, no loader
     workers), epoch after epoch."""
+    from ..autoencoder import LinspaceDataset
     from ..autoencoder_job import AutoencoderJob
-    from ..data import EpochBatches, LinspaceDataset, build_loader
+    from ..data import EpochBatches, build_loader
 
     job = AutoencoderJob()
     batches, epoch = EpochBatches(build_loader(LinspaceDataset(job.dim_in, num_items or job.num_items), launch,
@@ -98,8 +99,8 @@ def _floor_loop(launch, global_batch: int, steps: int, amp: str, device, lockste
     `batches` (an iterator) when given, else one batch kept in memory."""
     import torch
 
-    from ..data import LinspaceDataset
-    from ..model import build_model, build_optimizer, rmse_loss, wrap_model
+    from ..autoencoder import LinspaceDataset, build_model, build_optimizer, rmse_loss
+    from ..model import wrap_model
     from ..parallel.gradients import gradient_path
     from ..precision import autocast, make_scaler, resolve_precision
 
@@ -166,7 +167,7 @@ def allreduce_time(iters: int, backends: list[str], dim_in: int = 1000, dim_hidd
     import torch
     import torch.distributed as dist
 
-    from ..model import SimpleModule
+    from ..autoencoder import SimpleModule
     from ..parallel.launch import discover_launch
     from ..parallel.process_group import distributed
 

@@ -51,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from ..data import LinspaceDataset
-    from ..model import build_model, rmse_loss
+    from ..autoencoder import LinspaceDataset, build_model, rmse_loss
 
     clock = SideClock(started)
     missing = [v for v in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
