@@ -14,7 +14,6 @@ import random
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch.distributed as dist
 
 from . import preflight
 from .checkpointing import checkpoint as ckpt
-from .checkpointing import resume
+from .checkpointing import choice, resume
 from .checkpointing.manager import CheckpointManager
 from .checkpointing.resume import Position
 from .checkpointing.save_points import ASSUMED_COPY_BYTES_PER_S, SavePoints
@@ -77,7 +76,8 @@ def assemble(plan: RunPlan, watchdog: Any, stop: StopRequest, position: Position
     _refuse_both_schedules(config, scheduler)
     ckpt_file = ckpt.checkpoint_path(config.ckpt_dir) if config.ckpt_dir else None
     with watchdog.waiting("preflight: rank 0's verdict on the files"):
-        snapshot, resumed_from = preflight.share_file_check(launch, config, ckpt_file, data.items)
+        snapshot, resumed_from = choice.share(launch, config, ckpt_file, data.items,
+                                              first=lambda: preflight.check_outputs(config))
     if reader is not None:
         with watchdog.waiting("preflight: the stream's order on every rank"):
             preflight.share_stream_order(launch, reader)
@@ -128,7 +128,8 @@ def assemble(plan: RunPlan, watchdog: Any, stop: StopRequest, position: Position
                          compression=plan.compression if plan.compression and plan.compression.state else None)
     parts.register(checkpoints)
     if snapshot is not None:
-        _resume(snapshot, resumed_from, checkpoints, parts, config, launch, plan, watchdog, batches)
+        choice.restore(snapshot, resumed_from, checkpoints, parts, config, launch, plan.per_rank_batch, watchdog,
+                       len(batches) if isinstance(batches, EpochBatches) else None)
     size = ckpt.estimated_bytes(model) if config.ckpt_dir else 0
     save_points = SavePoints(config.save_every_steps, config.save_every_minutes, config.mtbf_hours,
                              bool(config.ckpt_dir), size / ASSUMED_COPY_BYTES_PER_S)
@@ -173,28 +174,6 @@ def _trackers(config: TrainConfig, launch: Launch, step: int, total: int | None,
     watch = StragglerWatch(config.straggler_threshold, hosts, config.log_every_s,
                            config.ckpt_dir) if hosts and launch.is_main else None
     return watch, RunTrackers(config, launch, step, total, deadline)
-
-
-def _resume(snapshot: dict, path: Path, checkpoints: CheckpointManager, parts: resume.Parts, config: TrainConfig,
-            launch: Launch, plan: RunPlan, watchdog: Any, batches: Any) -> None:
-    """Every part but the model's weights (loaded before DDP) from the checkpoint, and one line saying so."""
-    checkpoints.rotate = path == ckpt.checkpoint_path(config.ckpt_dir)  # never keep a bad last.pt as prev.pt
-    checkpoints.restore(snapshot, skip=("model",))
-    position = parts.position
-    watchdog.note_checkpoint(position.step, path)
-    changed = parts.optimizer.changed + resume.changed_run_settings(snapshot.get("config", {}), config)
-    if getattr(parts.scheduler, "note", ""):
-        changed.append(parts.scheduler.note)
-    note = f"; this run's settings win: {', '.join(changed)}" if changed else ""
-    if snapshot["world_size"] != launch.world_size:
-        note += (f"; world size changed {snapshot['world_size']} -> {launch.world_size}, global batch "
-                 f"{config.global_batch} kept, so each rank now takes {plan.per_rank_batch}")
-    print_main(launch, f"resume: {path} at epoch {position.epoch}, batch {position.batch_in_epoch}, "
-                       f"step {position.step}{note}")
-    if isinstance(batches, EpochBatches) and position.batch_in_epoch >= len(batches):
-        raise ckpt.CheckpointError(f"resume position batch {position.batch_in_epoch} lies past the epoch's "
-                                   f"{len(batches)} batches; resume with the dataset and --bs the checkpoint "
-                                   "was made with")
 
 
 def seed_everything(seed: int) -> None:

@@ -72,7 +72,7 @@ def report(error: RunError) -> int:
 
 class CommandLine(NamedTuple):
     config: Any          # TrainConfig
-    launch: dict         # fit()'s rendezvous keywords: master_addr, master_port, interface
+    launch: dict         # fit()'s launch=: master_addr, master_port, interface
     rest: list[str]      # the arguments that are not ddp_abci's, for your own parser
 
 
@@ -83,7 +83,7 @@ def parse_command_line(argv: list[str] | None = None, *, own: Iterable[str] = ()
     trainer, so this is how a fit() script gets its checkpoint folder, resume and deadline:
 
         config, launch, rest = parse_command_line(epochs=30, global_batch=64)
-        sys.exit(fit(model, train_set, loss_fn, config, **launch))
+        sys.exit(fit(model, train_set, loss_fn, config, launch=launch))
 
     Check mode (`--check-args RANKS`, or DDP_ABCI_CHECK_ARGS=RANKS in the environment, as
     scripts/submit.sh runs a TRAIN_SCRIPT before queueing it): the flags and the global batch
@@ -92,7 +92,7 @@ def parse_command_line(argv: list[str] | None = None, *, own: Iterable[str] = ()
     Args: argv (default sys.argv[1:]); own: the flags your script takes itself
     (own=("--shards",)): they and their values come back in `rest`, in order, for your own
     parser; defaults: TrainConfig's fields your program changes.
-    Returns: CommandLine(config, launch: fit()'s rendezvous keywords, rest).
+    Returns: CommandLine(config, launch: for fit(launch=...), rest).
     Raises: SystemExit(2) after one `error:` line for a bad value, or a flag neither the trainer
     nor `own` knows (naming the nearest known one: a mistyped --save-every-minute would
     otherwise be dropped, and the run would train without its saves); SystemExit(0) in check mode."""

@@ -11,9 +11,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from . import run_folder
 from .checkpointing import checkpoint as ckpt
-from .checkpointing import resume
 from .config import TrainConfig, name, turn_on
 from .data import CollateFailed, batch_fetcher, batch_len, describe, first_batch, to_device
 from .errors import UsageError, one_line
@@ -30,39 +28,8 @@ UNUSED_ADVICE = (f"remove the layer, freeze it (requires_grad_(False)), or set {
                  "when a layer is used on some steps or ranks only")
 
 
-def check_files(config: TrainConfig, ckpt_file: Path | None,
-                train_items: int | None) -> tuple[dict | None, Path | None]:
-    """Rank 0's part: the files this run writes, and the checkpoint it resumes. Returns the
-    snapshot to resume from and its file (last.pt, or the newest kept one that loads), or
-    (None, None)."""
-    _check_outputs(config)
-    if ckpt_file is None:
-        return None, None
-    snapshot, chosen = _checkpoint_to_resume(config, ckpt_file, train_items)
-    _remove_stale_temporaries(ckpt_file.parent)
-    return snapshot, chosen
-
-
-def share_file_check(launch: Launch, config: TrainConfig, ckpt_file: Path | None,
-                     train_items: int | None) -> tuple[dict | None, Path | None]:
-    """Collective: rank 0 checks the files; every rank obeys its verdict and loads the
-    snapshot it chose (rank 0 has it already)."""
-    mine: list = [None]
-
-    def decide() -> str | None:
-        snapshot, chosen = check_files(config, ckpt_file, train_items)
-        mine[0] = snapshot
-        return str(chosen) if chosen else None
-
-    chosen = rank0_decides(launch, decide)
-    if chosen is None:
-        if ckpt_file is not None and config.resume:
-            print_main(launch, f"resume: no checkpoint at {ckpt_file}; starting fresh")
-        return None, None
-    return (mine[0] if launch.is_main else ckpt.load_checkpoint(chosen)), Path(chosen)
-
-
-def _check_outputs(config: TrainConfig) -> None:
+def check_outputs(config: TrainConfig) -> None:
+    """Rank 0's check of the files the run writes besides its checkpoints (choice.share runs it)."""
     if config.tensorboard:
         check_tensorboard_installed()
         if Path(config.tensorboard).exists() and not Path(config.tensorboard).is_dir():
@@ -72,38 +39,6 @@ def _check_outputs(config: TrainConfig) -> None:
         error = output_error(name(field), path, atomic=field == "save_model") if path else None
         if error:
             raise UsageError(error)
-
-
-def _checkpoint_to_resume(config: TrainConfig, ckpt_file: Path, train_items: int | None) -> tuple[dict | None,
-                                                                                                   Path | None]:
-    """DIR/last.pt checked against this run, or the newest kept checkpoint that loads when
-    last.pt cannot be read."""
-    ckpt.check_writable(ckpt_file.parent)
-    if ckpt_file.exists() and not config.resume:
-        raise ckpt.CheckpointError(f"{ckpt_file} exists and would be overwritten; pass --resume (resume=True) to "
-                                   "continue it, or choose another --ckpt-dir")
-    if not (config.resume and ckpt_file.exists()):
-        return None, None
-    first_error = None
-    for candidate in run_folder.kept_checkpoints(ckpt_file.parent):
-        try:
-            snapshot = ckpt.load_checkpoint(candidate)
-        except ckpt.CheckpointError as e:
-            first_error = first_error or e
-            continue
-        if candidate != ckpt_file:
-            print(f"resume: {ckpt_file} cannot be used ({str(first_error).split(';')[0]}); falling back to "
-                  f"{candidate}, the newest checkpoint kept before it", flush=True)
-        resume.check_contract(snapshot, config, train_items, candidate)
-        return snapshot, candidate
-    raise first_error
-
-
-def _remove_stale_temporaries(ckpt_dir: Path) -> None:
-    stale = ckpt.remove_stale_temporaries(ckpt_dir)
-    if stale:
-        print(f"preflight: removed {len(stale)} temporary checkpoint file(s) left by a killed run: "
-              f"{', '.join(p.name for p in stale)}", flush=True)
 
 
 def share_disk_check(launch: Launch, ckpt_dir: Path | None, model: torch.nn.Module) -> None:

@@ -29,4 +29,4 @@ def loss_fn(model, batch):
     return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
 
 
-sys.exit(fit(model, torch.utils.data.TensorDataset(inputs, targets), loss_fn, config, **launch))
+sys.exit(fit(model, torch.utils.data.TensorDataset(inputs, targets), loss_fn, config, launch=launch))

@@ -34,4 +34,4 @@ def loss_fn(model, batch):
     return torch.nn.functional.mse_loss(model(batch[0]), batch[0][:, :2])
 
 
-sys.exit(fit(torch.nn.Linear(8, 2), torch.utils.data.TensorDataset(inputs), loss_fn, config, **launch))
+sys.exit(fit(torch.nn.Linear(8, 2), torch.utils.data.TensorDataset(inputs), loss_fn, config, launch=launch))

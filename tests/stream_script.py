@@ -75,4 +75,4 @@ def loss_fn(model, x):
 config, launch, _ = parse_command_line(sys.argv[3:], global_batch=20, epochs=1, lr=0.01)
 dataset = {"numbered": Numbered, "uneven": Uneven, "shards": shards}[kind]()
 torch.manual_seed(0)
-sys.exit(fit(torch.nn.Linear(1, 1), dataset, loss_fn, config, **launch))
+sys.exit(fit(torch.nn.Linear(1, 1), dataset, loss_fn, config, launch=launch))

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ddp_abci import fit, parse_command_line
+from ddp_abci import Evaluation, fit, parse_command_line
 
 
 def load_digits_split(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     # The default optimizer is Adam with config.lr and config.betas; pass optimizer=... for another.
     final: dict = {}
-    status = fit(classifier(), train_set, cross_entropy, config, eval_set=test_set, metrics={"accuracy": correct},
-                 on_eval=final.update, **launch)
+    status = fit(classifier(), train_set, cross_entropy, config,
+                 evaluation=Evaluation(test_set, {"accuracy": correct}, on_eval=final.update), launch=launch)
     if final:  # on_eval runs on rank 0 only
         print(f"held-out accuracy {final['accuracy']:.3f}", flush=True)
     return status

@@ -127,7 +127,7 @@ def main() -> int:
     perplexity = lambda model, batch: torch.exp(  # noqa: E731  (one value per item, as metrics give)
         nn.functional.cross_entropy(model(batch[0]).transpose(1, 2), batch[1], reduction="none").mean(1))
     return fit(model, train_set, next_token_loss, config, evaluation=Evaluation(held_out, {"perplexity": perplexity}),
-               **launch)
+               launch=launch)
 
 
 if __name__ == "__main__":

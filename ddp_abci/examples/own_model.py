@@ -26,7 +26,7 @@ def main() -> int:
     def loss_fn(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
         return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
 
-    return fit(model, torch.utils.data.TensorDataset(inputs, targets), loss_fn, config, **launch)
+    return fit(model, torch.utils.data.TensorDataset(inputs, targets), loss_fn, config, launch=launch)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def main() -> int:
     def loss_fn(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
         return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
 
-    return fit(model, train_set, loss_fn, config, **launch)
+    return fit(model, train_set, loss_fn, config, launch=launch)
 
 
 if __name__ == "__main__":
