@@ -41,7 +41,7 @@ from .schedule import build_schedule
 from .stragglers import StragglerWatch
 from .stream_readers import Reader, reader_for
 from .streams import Stream
-from .tracking import RunTrackers
+from .tracking import Clock, RunTrackers
 
 
 @dataclass
@@ -64,9 +64,10 @@ class Assembly:
 
 
 def assemble(plan: RunPlan, watchdog: Any, stop: StopRequest, position: Position, *, eval_metrics: dict,
-             startup: dict) -> Assembly:
+             clock: Clock) -> Assembly:
     """Every part, in the order a run needs them; a bad one is one line before any training.
-    `eval_metrics`: the metrics the dry run checks (none where the run never evaluates)."""
+    `eval_metrics`: the metrics the dry run checks (none where the run never evaluates);
+    `clock`: the run's (tracking.Clock), whose start-up milestones this adds to."""
     config, launch, job = plan.config, plan.launch, plan.parts
     device, data, model = plan.device, plan.data, job.model
     scheduler, state = job.scheduler, dict(job.state or {})
@@ -100,7 +101,7 @@ def assemble(plan: RunPlan, watchdog: Any, stop: StopRequest, position: Position
     if config.sync_batchnorm:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ddp = wrap_model(model, device, launch.world_size, find_unused_parameters=config.find_unused_parameters)
-    startup["ddp_unix"] = time.time()
+    clock.startup["ddp_unix"] = time.time()
     if launch.world_size > 1:
         gradients.register(ddp, watchdog)
     # torch.compile last, over the DDP-wrapped model, as Accelerate's prepare does: Dynamo's
@@ -140,7 +141,7 @@ def assemble(plan: RunPlan, watchdog: Any, stop: StopRequest, position: Position
                               stop_at=config.stop_at)
     checkpoints.on_written = agreement.saved
     with watchdog.waiting("opening the logs"):
-        stragglers, trackers = _trackers(config, launch, position.step, total, agreement.deadline)
+        stragglers, trackers = _trackers(config, launch, position.step, total, agreement.deadline, clock)
     return Assembly(wrapped, ddp, gradients, batches, built, scaler, schedule, total, checkpoints, save_points,
                     agreement, stragglers, trackers)
 
@@ -166,14 +167,14 @@ def _gradient_path(plan: RunPlan, launch: Launch, device: torch.device, model: t
     return gradients
 
 
-def _trackers(config: TrainConfig, launch: Launch, step: int, total: int | None,
-              deadline: float | None) -> tuple[StragglerWatch | None, RunTrackers]:
+def _trackers(config: TrainConfig, launch: Launch, step: int, total: int | None, deadline: float | None,
+              clock: Clock) -> tuple[StragglerWatch | None, RunTrackers]:
     """Collective: every rank's host (the straggler report names them); rank 0 opens the
     logs, and a failure there stops every rank before training."""
     hosts = all_ranks(socket.gethostname()) if config.straggler_threshold else []
     watch = StragglerWatch(config.straggler_threshold, hosts, config.log_every_s,
                            config.ckpt_dir) if hosts and launch.is_main else None
-    return watch, RunTrackers(config, launch, step, total, deadline)
+    return watch, RunTrackers(config, launch, step, total, deadline, clock)
 
 
 def seed_everything(seed: int) -> None:

@@ -202,21 +202,26 @@ def _duration(seconds: float) -> str:
 
 class ProgressFile:
     """CKPT_DIR/progress.json: where the running job stands (step, speed, the run's length, the
-    scheduler's job id), rewritten whole at each progress line and epoch end for `python -m
-    ddp_abci.status`. A write that fails is said once and ends this file, not the training."""
+    scheduler's job id; the step this process resumed from, when it started and took its first
+    step, which the in-job restarts measure their cost by), rewritten whole at the first step,
+    each progress line and each epoch end, for `python -m ddp_abci.status` and the job scripts.
+    A write that fails is said once and ends this file, not the training."""
 
-    def __init__(self, ckpt_dir: str, total_steps: int | None, config: Any, world_size: int) -> None:
+    def __init__(self, ckpt_dir: str, total_steps: int | None, config: Any, world_size: int, first_step: int,
+                 clock: Clock) -> None:
         self.path, self.total_steps, self.world_size = run_folder.path(ckpt_dir, run_folder.PROGRESS), total_steps, \
             world_size
-        self.items_per_step = config.global_batch * config.accum
-        self.job = job_id(os.environ)
+        self.items_per_step, self.global_batch = config.global_batch * config.accum, config.global_batch
+        self.job, self.resumed_from, self.clock = job_id(os.environ), first_step, clock
 
     def write(self, step: int, epoch: int, samples_per_s: float | None) -> None:
         if self.path is None:
             return
         state = {"step": step, "epoch": epoch, "total_steps": self.total_steps, "samples_per_s": samples_per_s,
                  "steps_per_s": samples_per_s / self.items_per_step if samples_per_s else None,
-                 "world_size": self.world_size, "job": self.job, "unix": time.time()}
+                 "world_size": self.world_size, "global_batch": self.global_batch, "job": self.job,
+                 "resumed_from": self.resumed_from, "started_unix": self.clock.startup.get("process_unix"),
+                 "first_step_unix": self.clock.first_step_unix, "unix": time.time()}
         try:
             replace_text(self.path, json.dumps(state))
         except OSError as e:
@@ -229,7 +234,7 @@ class RunTrackers:
     """Rank 0's JSON lines, TensorBoard and progress line; on other ranks, nothing."""
 
     def __init__(self, config: Any, launch: Any, first_step: int, total_steps: int | None,
-                 deadline: float | None) -> None:
+                 deadline: float | None, clock: Clock) -> None:
         """Collective: rank 0 opens the logs, and a failure there stops every rank, before training."""
         self.metrics: MetricsLog | None = None
         self.board: TensorBoardLog | None = None
@@ -245,7 +250,7 @@ class RunTrackers:
         raise_if_any_rank_failed(error)
         self.first_step = first_step + 1
         self._progress = Progress(config.log_every_s, total_steps, first_step, deadline) if launch.is_main else None
-        self._file = ProgressFile(config.ckpt_dir, total_steps, config, launch.world_size) \
+        self._file = ProgressFile(config.ckpt_dir, total_steps, config, launch.world_size, first_step, clock) \
             if launch.is_main and config.ckpt_dir else None
 
     @property
@@ -274,6 +279,8 @@ class RunTrackers:
             self.progress(now, step, where(), tally.loss_sum, clock.samples_per_s())
             if self._file is not None:
                 self._file.write(step, epoch, clock.samples_per_s())
+        elif step == self.first_step and self._file is not None:  # the first step: the start-up's cost, said
+            self._file.write(step, epoch, None)
 
     def progress_due(self, now: float) -> bool:
         return self._progress is not None and self._progress.due(now)

@@ -97,7 +97,7 @@ class Trainer:
         self.step_clock = StepClock(self.watchdog)
         self.built: Assembly | None = None  # everything the loop trains with (assembly.py), kept whole
         try:
-            self.built = assemble(plan, self.watchdog, self.stop, self.position, startup=self.clock.startup,
+            self.built = assemble(plan, self.watchdog, self.stop, self.position, clock=self.clock,
                                   eval_metrics=self.eval_metrics if self.eval_every or self.eval_every_steps else {})
         except BaseException:
             # Free DDP now, while the group is open: dropped later with the traceback, its

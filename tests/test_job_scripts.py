@@ -328,14 +328,26 @@ def test_on_gpus_the_nccl_flight_recorder_dumps_into_the_checkpoint_folder(local
 def test_an_unexpected_failure_is_retried_once_by_a_chain_and_stops_it_the_second_time(tmp_path, localhost, mpirun):
     script = tmp_path / "crash.py"
     script.write_text("raise RuntimeError('CUDA out of memory (a stand-in)')\n")
-    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), CHAIN_ID="c1", TRAIN_SCRIPT=str(script))
+    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), CHAIN_ID="c1", TRAIN_SCRIPT=str(script), RESTARTS="0")
     for job in (1, 2):  # the first failure may be a passing fault: the next job tries again
         proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
         assert proc.returncode == 1 and "failed unexpectedly" in proc.stdout, proc.stdout
         assert f"failures={job}" in (tmp_path / "ck" / "status").read_text()
     third = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
-    assert third.returncode == 1 and "the chain stops: two jobs in a row failed unexpectedly" in third.stdout
+    assert third.returncode == 1 and "the chain stops: two tries in a row failed unexpectedly" in third.stdout
     assert "dry run" not in third.stdout and "CUDA out of memory" not in third.stdout.split("the chain stops")[0]
+
+
+def test_an_unexpected_failure_is_tried_again_once_inside_the_job_and_counts_twice_for_the_chain(tmp_path, localhost,
+                                                                                               mpirun):
+    script = tmp_path / "crash.py"
+    script.write_text("raise RuntimeError('an NCCL error (a stand-in)')\n")
+    e = job_env(localhost, CKPT_DIR=str(tmp_path / "ck"), CHAIN_ID="c1", TRAIN_SCRIPT=str(script),
+                RESTART_PAUSE_S="0")
+    proc = run(["bash", "scripts/abci/train_abci3.sh"], env=e)
+    assert proc.returncode == 1 and proc.stdout.count("training again in this job") == 1, proc.stdout
+    assert "failures=2" in (tmp_path / "ck" / "status").read_text()  # two in a row: the chain's next job stops
+    assert "the chain stops" in run(["bash", "scripts/abci/train_abci3.sh"], env=e).stdout
 
 
 # What mpirun printed, and its exit 1, when the link to host B was cut mid-run and the daemon

@@ -172,7 +172,7 @@ def test_a_cut_link_ends_the_job_script_within_the_timeout_with_exit_69(two_host
         ["bash", "scripts/abci/train_abci3.sh", "--epochs", "1000", "--num-items", "400", "--timeout", str(TIMEOUT)],
         PATH=f"{venv_bin}:{os.environ['PATH']}", PBS_NODEFILE=str(nodefile), PBS_JOBID="4322.pbs1",
         CONTAINER="none", NPROC_PER_NODE="1", PYTHON=PYTHON, MPIRUN=MPIRUN, CKPT_DIR=str(tmp_path / "ck"),
-        OMP_NUM_THREADS="1",
+        OMP_NUM_THREADS="1", RESTARTS="0",  # the job's own end: no training again on host A alone
         MPI_ARGS=" ".join(two_hosts.mpi_args()))
     try:
         wait_for_line(proc, "epoch 10/1000")

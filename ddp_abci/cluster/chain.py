@@ -61,7 +61,7 @@ def verdict(ckpt_dir: str, chain: str, job: str) -> tuple[int | None, str]:
     if status in STOPS_THE_CHAIN:
         return status, f"job {job}: the chain stops: an earlier job ended with {status}: {record.get('line', '')}"
     if status == EXIT_FAILED and _int(record.get("failures")) >= 2:
-        return EXIT_FAILED, (f"job {job}: the chain stops: two jobs in a row failed unexpectedly (exit 1): "
+        return EXIT_FAILED, (f"job {job}: the chain stops: two tries in a row failed unexpectedly (exit 1): "
                    f"{record.get('line', '')}")
     return None, ""
 
@@ -134,11 +134,19 @@ def lost_daemon_host(output: str) -> str | None:
     return next((g for g in named.groups() if g), None) if named else "a host"
 
 
+def killed_rank(output: str) -> tuple[str, str, str] | None:
+    """(rank, host, signal) of a rank Open MPI saw die by a signal ("prterun noticed that process
+    rank 1 with PID 21776 on node h2 exited on signal 9 (Killed)."), or None."""
+    found = re.search(r"process rank (\d+) with PID \d+ on node (\S+) exited on\s+signal (\d+)", output)
+    return (found[1], found[2], found[3]) if found else None
+
+
 def finish(ckpt_dir: str, rc: int, before: str, output: str | None, job: str, chain: str = "") -> int:
     """The job's status after mpirun, said and recorded. mpirun's own status is not always the
     run's (cut off from a host, Open MPI 5's mpirun exited 0): a status the run recorded during
-    this job wins; without one a 0 is a lost rank or launcher, and an exit after mpirun lost a
-    host's daemon is that host lost (69, recorded: the next job resumes). A refusal (2) and an
+    this job wins; without one a 0 is a lost rank or launcher, a rank killed by a signal is that
+    rank lost, and an exit after mpirun lost a host's daemon is that host lost (each 69, recorded:
+    the next try or job resumes, its host named). A refusal (2) and an
     unexpected failure (1) that the run could not record are recorded with its last error line,
     so that a chain stops on them."""
     if not ckpt_dir:
@@ -153,6 +161,10 @@ def finish(ckpt_dir: str, rc: int, before: str, output: str | None, job: str, ch
     elif rc == EXIT_DONE:
         status = _lost(ckpt_dir, f"job {job}: mpirun exited 0 but the run recorded no end in {ckpt_dir}/status: a "
                                  "rank or the launcher was lost (Open MPI's lines above name the host); treated as 69")
+    elif killed_rank(text):
+        rank, host, signum = killed_rank(text)
+        status = _lost(ckpt_dir, f"job {job}: rank {rank} on host {host} was killed by signal {signum} (Open MPI's "
+                                 "lines above); treated as 69")
     elif lost_daemon_host(text):
         status = _lost(ckpt_dir, f"job {job}: mpirun exited {rc} after Open MPI lost its daemon on "
                                  f"{lost_daemon_host(text)} (its lines above) during training: that host, or the "
@@ -185,22 +197,30 @@ def explain(status: int, job: str, ckpt_dir: str = "") -> str:
 
 # -- what the next job gets --------------------------------------------------------------------
 
-def leave_out_slow_hosts(ckpt_dir: str, chain: str, scheduler: type[Scheduler] | None, environ: Mapping[str, str],
-                         submit_dir: str) -> str:
-    """The hosts the run found straggling (DIR/slow_hosts.json), left out of the chain's next
-    job where the scheduler allows it; elsewhere named for the user to act on. The line said."""
-    try:
-        hosts = json.loads(run_folder.path(ckpt_dir, run_folder.SLOW_HOSTS).read_text()).get("hosts", [])
-    except (OSError, ValueError):
-        return ""
+def leave_out_hosts(ckpt_dir: str, chain: str, scheduler: type[Scheduler] | None, environ: Mapping[str, str],
+                    submit_dir: str) -> str:
+    """The hosts the run found straggling (DIR/slow_hosts.json) and those an in-job restart left
+    out (DIR/bad_hosts.json), left out of the chain's next job where the scheduler allows it;
+    elsewhere named for the user to act on. The line said."""
+    hosts = list(dict.fromkeys(_json(run_folder.path(ckpt_dir, run_folder.SLOW_HOSTS)).get("hosts", []) +
+                               [h["host"] for h in _json(run_folder.path(ckpt_dir, run_folder.BAD_HOSTS)).get("hosts",
+                                                                                                             [])]))
     if not chain or not hosts:
         return ""
     names = ",".join(hosts)
     following = next_job(chain, scheduler.job_id(environ) if scheduler else None, submit_dir)
     if following and scheduler is not None and scheduler.exclude_hosts(following, hosts):
-        return f"the chain's next job ({following}) leaves out the hosts that straggled: {names}"
-    return (f"these hosts straggled (CKPT_DIR/{run_folder.SLOW_HOSTS}): {names}; this scheduler's queued jobs "
-            "cannot be told to avoid them: tell your site's support if it repeats")
+        return f"the chain's next job ({following}) leaves out the hosts that straggled or failed: {names}"
+    return (f"these hosts straggled or failed ({run_folder.SLOW_HOSTS}, {run_folder.BAD_HOSTS} in CKPT_DIR): "
+            f"{names}; this scheduler's queued jobs cannot be told to avoid them: leave them out of the next "
+            "submission if your site lets you, and tell its support if it repeats")
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def next_job(chain: str, this: str | None, submit_dir: str) -> str:

@@ -54,7 +54,9 @@ SETTINGS = {
     "DOCTOR": "1: python -m ddp_abci.doctor checks the allocation before training",
     "JOBS_PYTHON": "the host Python that runs this Python half (3.9 or newer, no torch; default python3)",
     "LAUNCHER": "srun: Slurm's srun --mpi=pmix starts the ranks instead of mpirun",
-    "RESTARTS": "tries of training inside one job after a fault that may mend (cluster/restarts.py)",
+    "RESTARTS": "tries of training again inside one job after a fault that may mend (default 3; 0: a fault ends "
+                "the job, and the chain's next job resumes)",
+    "RESTART_PAUSE_S": "seconds between a try's end and the next (default 3)",
     "NODEFILE": "a file of hosts, one a line, outside a scheduler",
     "DRY_RUN": "1: print the mpirun line and exit 0, starting and writing nothing",
 }

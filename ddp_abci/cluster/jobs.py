@@ -10,6 +10,9 @@ host Python with the checkout on PYTHONPATH (no torch, no image):
     fingerprint DIR                                the status file's digest, before mpirun
     finish DIR RC --before F --output FILE --job N [--chain ID] [--submit-dir D]
                                                    after mpirun: prints the job's status (chain.py)
+    after-try DIR STATUS --job N --started T --hostfile F --per-node P -- HOSTS
+                                                   after a try: train again in the job, or not
+                                                   (restarts.py), as bash assignments
     record DIR STATUS LINE [--chain ID]            the job's own record (no run made one)
     explain STATUS [--job N] [--dir DIR]           what the status means for the next step
     chain DIR --site S [--node-hours H] [--walltime-s S] IDS...
@@ -18,16 +21,20 @@ host Python with the checkout on PYTHONPATH (no torch, no image):
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
 from .. import run_folder
-from . import chain, submission
+from . import chain, restarts, submission
 from .job import Refused, library_copies, prepare, refuse, shell
 from .schedulers import SITES, detect_scheduler
+from .walltime import margin_s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,18 +68,77 @@ def _container(args: argparse.Namespace) -> int:
 
 
 def _finish(args: argparse.Namespace) -> int:
-    status = chain.finish(args.dir, args.rc, args.before, args.output, args.job, args.chain)
-    scheduler = detect_scheduler(os.environ)
-    line = chain.leave_out_slow_hosts(args.dir, args.chain, scheduler, os.environ, args.submit_dir) if args.dir \
-        else ""
+    print(chain.finish(args.dir, args.rc, args.before, args.output, args.job, args.chain))
+    return 0
+
+
+def _the_end(args: argparse.Namespace, status: int, scheduler: object) -> None:
+    """The job trains no more: what its status means, the hosts the chain's next job should
+    avoid, and the chain's secrets gone when no job of it is left."""
+    line = chain.leave_out_hosts(args.dir, args.chain, scheduler, os.environ, args.submit_dir) if args.dir else ""
     for said in (f"job {args.job}: {line}" if line else "", chain.explain(status, args.job, args.dir)):
         if said:
             chain.say(said)
     secrets = os.environ.get("DDP_ABCI_SECRETS")
     if secrets and _chain_ends(args, status, scheduler):
         submission.remove_secrets(secrets)
-    print(status)
+
+
+def _after_try(args: argparse.Namespace) -> int:
+    """After a try's end (finish's status): its line in tries.jsonl, and whether to train again
+    (restarts.decide), as bash assignments: AGAIN, NODES, NP, PAUSE; the new HOSTFILE written."""
+    env, hosts = os.environ, args.rest
+    tries = [t for t in restarts.read_jsonl(run_folder.path(args.dir, run_folder.TRIES)) if t.get("job") == args.job] \
+        if args.dir else []
+    written = _json(run_folder.path(args.dir, run_folder.PROGRESS)) if args.dir else {}
+    progress = written if (written.get("started_unix") or 0) >= args.started else {}  # else: an earlier try's
+    record = run_folder.read_status(args.dir) if args.dir else {}
+    entry = {"job": args.job, "try": len(tries) + 1, "hosts": hosts, "started_unix": args.started,
+             "first_step_unix": progress.get("first_step_unix"), "ended_unix": time.time(), "status": args.status,
+             "step_from": progress.get("resumed_from"),
+             "step_reached": max(_int(progress.get("step")), _int(record.get("step"))),
+             "line": record.get("line", "") if record.get("status") == str(args.status) else ""}
+    if args.dir:
+        restarts.record_try(args.dir, entry)
+    tries.append(entry)
+    job_hosts = tries[0]["hosts"]
+    left_out = [h for h in job_hosts if h not in hosts]
+    scheduler = detect_scheduler(env)
+    left = scheduler.walltime_left(env, args.elapsed) if scheduler else None
+    check = restarts.unanswered_hosts(env.get("MPIRUN", "mpirun"), hosts, shlex.split(env.get("MPI_ARGS", ""))) \
+        if args.dir and restarts.mends(args.status, tries) else []
+    decision = restarts.decide(
+        args.status, tries, job_hosts, left_out, check, per_node=args.per_node,
+        global_batch=written.get("global_batch"),
+        time_left_s=None if left is None else left - int(env.get("STOP_MARGIN_S") or margin_s(left)),
+        restarts=int(env.get("RESTARTS") or restarts.DEFAULT_RESTARTS),
+        pause_s=float(env.get("RESTART_PAUSE_S") or restarts.DEFAULT_PAUSE_S), job=args.job,
+        have_checkpoints=bool(args.dir))
+    if decision.left_out and args.dir:
+        restarts.record_left_out(args.dir, args.job, decision.left_out)
+    if decision.line:
+        chain.say(decision.line)
+    if not decision.again:
+        _the_end(args, args.status, scheduler)
+    if decision.again:
+        Path(args.hostfile).write_text("".join(f"{host} slots={args.per_node}\n" for host in decision.hosts))
+    print(shell({"AGAIN": "1" if decision.again else "", "NODES": list(decision.hosts),
+                 "NP": str(len(decision.hosts) * args.per_node), "PAUSE": f"{decision.pause_s:g}"}), end="")
     return 0
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _int(value: object) -> int:
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0
 
 
 def _chain_ends(args: argparse.Namespace, status: int, scheduler: object) -> bool:
@@ -114,6 +180,17 @@ def _parser() -> argparse.ArgumentParser:
     each.add_argument("--chain", default="")
     each.add_argument("--submit-dir", default=".submit")
     each.set_defaults(run=_finish)
+    each = commands.add_parser("after-try", help="after a try: its record, and whether to train again")
+    each.add_argument("dir")
+    each.add_argument("status", type=int)
+    each.add_argument("--job", default="?")
+    each.add_argument("--started", type=float, required=True, help="when the try started (seconds since 1970)")
+    each.add_argument("--hostfile", required=True)
+    each.add_argument("--per-node", type=int, required=True)
+    each.add_argument("--elapsed", type=float, default=0.0, help="seconds the job has run")
+    each.add_argument("--chain", default="")
+    each.add_argument("--submit-dir", default=".submit")
+    each.set_defaults(run=_after_try)
     each = commands.add_parser("record", help="the job's own record in DIR/status")
     each.add_argument("dir")
     each.add_argument("status", type=int)

@@ -23,11 +23,13 @@ from typing import Any, Sequence
 
 from .. import run_folder
 from ..exits import EXIT_USAGE
+from . import restarts
 from .chain import explain
 from .schedulers import SITES
 
 KEYS = ("ckpt_dir", "site", "jobs", "step", "total_steps", "samples_per_s", "run_left_s", "progress_age_s",
-        "running_job", "last_checkpoint_age_s", "slow_hosts", "last_exit", "finished", "node_hours")
+        "running_job", "last_checkpoint_age_s", "slow_hosts", "last_exit", "finished", "node_hours",
+        "hosts_left_out", "goodput")
 
 
 def _json(path: Path) -> dict:
@@ -49,6 +51,7 @@ def chain_status(ckpt_dir: str, now: float | None = None, states: dict[str, str]
     the jobs' states when known (asked of the scheduler otherwise)."""
     folder, now = Path(ckpt_dir), time.time() if now is None else now
     chain, progress = _json(folder / run_folder.CHAIN), _json(folder / run_folder.PROGRESS)
+    tries = restarts.read_jsonl(folder / run_folder.TRIES)
     record = run_folder.read_status(folder)
     ids = [str(job) for job in chain.get("jobs", [])]
     states = job_states(chain.get("site", ""), ids) if states is None else states
@@ -68,6 +71,8 @@ def chain_status(ckpt_dir: str, now: float | None = None, states: dict[str, str]
         "last_exit": None if status is None else {"status": status, "line": record.get("line", ""),
                                                   "meaning": _meaning(status, str(folder))},
         "finished": record.get("finished") == "1", "node_hours": chain.get("node_hours"),
+        "hosts_left_out": restarts.bad_hosts(str(folder)),
+        "goodput": restarts.goodput(tries, progress.get("steps_per_s")) if tries else None,
     }
 
 
@@ -105,9 +110,28 @@ def lines(state: dict[str, Any]) -> list[str]:
         out.append(f"last checkpoint written {_duration(state['last_checkpoint_age_s'])} ago")
     if state["slow_hosts"]:
         out.append(f"slow hosts: {', '.join(state['slow_hosts'])}")
+    for left in state["hosts_left_out"]:
+        out.append(f"host {left['host']} left out by job {left['job']}: {left['why']}")
+    out += _goodput_lines(state["goodput"])
     if state["last_exit"]:
         end = state["last_exit"]
         out.append(f"last job ended with {end['status']} ({end['line']}): {end['meaning']}")
+    return out
+
+
+def _goodput_lines(goodput: dict | None) -> list[str]:
+    """The in-job restarts, what each cost, and the share of the allocation spent training."""
+    if not goodput:
+        return []
+    out = [f"in-job restarts: {len(goodput['restarts'])}"] if goodput["restarts"] else []
+    for each in goodput["restarts"]:
+        back = f"training again {each['back_after_s']:.0f} s later" if each["back_after_s"] is not None else \
+            "not training again in that job"
+        out.append(f"  job {each['job']}, try {each['try']}: ended with {each['status']} at step {each['step']:,} "
+                   f"({each['line'][:120]}); {back}, {each['steps_redone']} steps redone")
+    if goodput["ettr"] is not None:
+        out.append(f"effective training time ratio {goodput['ettr']:.2f}: {_duration(goodput['useful_s'])} of "
+                   f"training that counts in {_duration(goodput['allocation_s'])} of allocation")
     return out
 
 

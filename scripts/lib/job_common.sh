@@ -134,7 +134,9 @@ run_doctor() {
 }
 
 # Start mpirun and wait (run_stoppable), then say what its exit status means. Its output also
-# goes to a file, where the run's last error line is found for the record (cluster/chain.py, finish).
+# goes to a file, where the run's last error line is found for the record (cluster/chain.py,
+# finish). After a fault that may mend, train again in this job while its walltime allows, on the
+# hosts left (cluster/restarts.py decides: AGAIN, NODES, NP, PAUSE; the host file rewritten).
 launch_training() {
     run_doctor
     on_ranks "${TRAIN[@]}"
@@ -142,19 +144,30 @@ launch_training() {
         echo "dry run: $(printf '%q ' "${ON_RANKS[@]}")"
         return 0
     fi
-    local rc=0 before copy copier status
-    before=$(jobs_py fingerprint "${CKPT_DIR:-/nonexistent}")
+    local rc before copy copier status started decision
     job_tmp OUTPUT output
-    # The copy ignores Ctrl-C and SIGTERM: were it to die, mpirun's output would have nowhere to go.
-    exec {copy}> >(trap '' INT TERM; exec tee "$OUTPUT")
-    copier=$!
-    run_stoppable "${ON_RANKS[@]}" >&"$copy" 2>&1 {copy}>&- || rc=$?
-    exec {copy}>&-
-    wait_for_copy "$copier"
-    # What the status means, said and recorded; the chain's next job told of slow hosts.
-    status=$(jobs_py finish "${CKPT_DIR:-}" "$rc" --before "$before" --output "$OUTPUT" --job "$JOB_NUM" \
-        ${CHAIN_ID:+--chain "$CHAIN_ID"} --submit-dir "${SUBMIT_DIR:-$REPO/.submit}") || status=$rc
-    return "$status"
+    while :; do
+        rc=0
+        started=$(date +%s.%N)
+        before=$(jobs_py fingerprint "${CKPT_DIR:-/nonexistent}")
+        # The copy ignores Ctrl-C and SIGTERM: were it to die, mpirun's output would have nowhere to go.
+        exec {copy}> >(trap '' INT TERM; exec tee "$OUTPUT")
+        copier=$!
+        run_stoppable "${ON_RANKS[@]}" >&"$copy" 2>&1 {copy}>&- || rc=$?
+        exec {copy}>&-
+        wait_for_copy "$copier"
+        # What the status means, said and recorded; the chain's next job told of slow and bad hosts.
+        status=$(jobs_py finish "${CKPT_DIR:-}" "$rc" --before "$before" --output "$OUTPUT" --job "$JOB_NUM" \
+            ${CHAIN_ID:+--chain "$CHAIN_ID"} --submit-dir "${SUBMIT_DIR:-$REPO/.submit}") || status=$rc
+        decision=$(jobs_py after-try "${CKPT_DIR:-}" "$status" --job "$JOB_NUM" --started "$started" \
+            --hostfile "$HOSTFILE" --per-node "$PER_NODE" --elapsed "$SECONDS" ${CHAIN_ID:+--chain "$CHAIN_ID"} \
+            --submit-dir "${SUBMIT_DIR:-$REPO/.submit}" -- "${NODES[@]}") || return "$status"
+        AGAIN=""
+        eval "$decision"
+        [ -n "$AGAIN" ] || return "$status"
+        sleep "$PAUSE"
+        on_ranks "${TRAIN[@]}"
+    done
 }
 
 # The whole job: the Python half's decisions (every setting checked before anything loads), the
