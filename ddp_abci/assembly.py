@@ -32,7 +32,8 @@ from .errors import UsageError
 from .model import adam, compile_model, make_optimizer, wrap_model
 from .parallel.agreement import Agreement
 from .parallel.collectives import all_ranks, print_main
-from .parallel.gradients import GradientPath, gradient_path, measure_and_choose
+from .parallel.comm_choice import measure_and_choose
+from .parallel.gradients import GradientPath, gradient_path
 from .parallel.launch import Launch
 from .parallel.signals import StopRequest
 from .plan import RunPlan

@@ -37,7 +37,7 @@ class RunPlan:
 
     def gradients(self) -> GradientPath | None:
         """The chosen path as the loop uses it (DDP's hook, the control all-reduce); None
-        while it is to be measured (parallel/gradients.measure_and_choose)."""
+        while it is to be measured (parallel/comm_choice.measure_and_choose)."""
         return None if self.comm == "measure" else gradient_path(self.comm, self.compression)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddp_abci.parallel.gradients import GLOO_MARGIN
+from ddp_abci.parallel.comm_choice import GLOO_MARGIN
 from ddp_abci.parallel.rendezvous import free_port
 from helpers import (
     BENCH_SMALL,

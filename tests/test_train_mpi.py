@@ -129,3 +129,4 @@ def test_a_resumed_run_keeps_the_gradient_path_its_checkpoint_was_made_with(tmp_
     again = run_mpi(2, "--max-steps", "10", "--ckpt-dir", str(tmp_path), "--resume")
     assert f"gradients: via {chosen}, as the checkpoint's run chose (--comm auto)" in again.stdout, again.stdout
     assert "took" not in again.stdout.split("training:")[0]  # no measurement: the checkpoint's path
+

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ddp_abci.compare.netlab import SUBNET_PREFIX, NetLab, sh
-from ddp_abci.parallel.gradients import GLOO_MARGIN
+from ddp_abci.parallel.comm_choice import GLOO_MARGIN
 from helpers import BENCH_SMALL, MPIRUN, PYTHON, REPO, bench, env, load, wait_for_line
 
 UNREACHABLE = f"{SUBNET_PREFIX}.250.1"  # outside every lab's /24: an address of host A's that B has no route to

@@ -68,7 +68,7 @@ def trainer_rate(launch, device, comm: str, args: argparse.Namespace) -> float:
 def gradient_path_name(launch, device) -> str:
     """The path --comm auto takes (measured once, as the trainer measures it), for all three loops."""
     from ..autoencoder import build_model
-    from ..parallel.gradients import measure_and_choose
+    from ..parallel.comm_choice import measure_and_choose
     from ..plan import resolve_comm
 
     comm = resolve_comm("auto", launch, device)

@@ -57,7 +57,7 @@ def _ddp_floor(global_batch: int, steps: int, threads: int | None, amp: str, dat
     import torch
 
     from ..autoencoder import build_model
-    from ..parallel.gradients import measure_and_choose
+    from ..parallel.comm_choice import measure_and_choose
     from ..parallel.launch import discover_launch
     from ..parallel.process_group import distributed
     from ..plan import resolve_comm

@@ -1,7 +1,7 @@
 """The paths the gradient all-reduce can take, one object each: what DDP is given (a
 communication hook, or none), and how the trainer's small control all-reduce goes the same
 way. plan.resolve_comm chooses the path by name, or leaves the CPU's choice between MPI and
-gloo to measure_and_choose, once the model's size is known; the loop only asks the object.
+gloo to comm_choice.measure_and_choose, once the model's size is known; the loop only asks the object.
 
     nccl   GPUs: DDP's own all-reduce over NCCL
     gloo   the CPU: torch's allreduce hook over gloo, timed
@@ -12,7 +12,6 @@ in place of the plain all-reduce on the gloo and NCCL paths, timed as gloo's.
 """
 # No `from __future__ import annotations` here: DDP checks a hook's annotations as objects.
 import time
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -234,67 +233,3 @@ def gradient_path(name: str, compression: Compression | None = None) -> "Gradien
     if compression is not None:
         return GradientPath(name, compression)
     return {"mpi": MPIGradients, "gloo": GlooGradients}.get(name, GradientPath)(name)
-
-
-GLOO_MARGIN = 0.8  # gloo is taken where it all-reduces in under 0.8 of MPI's time
-
-
-def measure_and_choose(gradient_bytes: int, watchdog: object = None) -> tuple[GradientPath, str]:
-    """--comm auto on the CPU under mpirun: MPI's all-reduce, or gloo's where it is clearly faster
-    for this model's gradient over these ranks' links, and the line that says so. Neither
-    wins everywhere (docs/benchmark.md): on one host Open MPI's shared memory beats gloo's
-    loopback TCP; across a slow link gloo's all-reduce can take half Open MPI's time. Every rank
-    takes the same verdict: each path's time is the median of its blocks' means (_block_medians),
-    the maximum over the ranks.
-    Returns: (the path, whose measured_ms holds mpi, gloo and the measuring's own cost, took;
-    the line that says so)."""
-    from mpi4py import MPI  # noqa: PLC0415  (only under mpirun: importing it starts MPI)
-
-    nbytes = max(4, min(gradient_bytes, MEASURED_BYTES))
-    buffer = torch.zeros(nbytes // 4)
-    comm = MPI.COMM_WORLD
-    timed = watchdog.waiting("measuring the gradient all-reduce, MPI against gloo") if watchdog else nullcontext()
-    began = time.perf_counter()
-    with timed:
-        times = _block_medians([lambda: comm.Allreduce(MPI.IN_PLACE, buffer.numpy(), op=MPI.SUM),
-                                lambda: dist.all_reduce(buffer)], lambda x: comm.allreduce(x, op=MPI.MAX))
-        comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    took_ms = (time.perf_counter() - began) * 1e3
-    # gloo only when clearly faster: near a tie, a measurement's noise would pick either path,
-    # and two runs of one seed would then not end bit for bit alike (the paths sum differently).
-    name = "gloo" if times[1] < GLOO_MARGIN * times[0] else "mpi"
-    chosen = gradient_path(name)
-    chosen.measured_ms = {"mpi": float(times[0] * 1e3), "gloo": float(times[1] * 1e3), "took": round(took_ms, 1)}
-    return chosen, (f"gradients: an all-reduce of {nbytes / 1e6:.2f} MB took {times[0] * 1e3:.2f} ms "
-                    f"through MPI, {times[1] * 1e3:.2f} ms through gloo: via {name} (--comm auto); measuring took "
-                    f"{took_ms:.0f} ms")
-
-
-# What a step's all-reduce costs, as training meets it: each path in blocks of BLOCK consecutive
-# calls (after one untimed call that re-warms it), the paths' blocks alternating, as many rounds
-# as fit in MEASURE_BUDGET_S (2 to ROUNDS). Single calls, best-of or interleaved, chose the
-# wrong path across a slow link, where a lone call's time is not a run of calls' (docs/benchmark.md,
-# "Models of real size, and a slow link"). MEASURED_BYTES: the paths' ratio did not change with
-# the size measured beyond it.
-BLOCK, ROUNDS, MEASURE_BUDGET_S, MEASURED_BYTES = 3, 5, 3.0, 4 * 2**20
-
-
-def _block_medians(calls: list, agree_max) -> np.ndarray:
-    """Each call's time: the median over rounds of the mean of a block of BLOCK consecutive
-    calls, each block after one untimed call, the calls' blocks taking turns within a round.
-    The untimed first calls set the number of rounds, alike on every rank (agree_max(x): x's
-    maximum over the ranks; the calls are collectives)."""
-    began = time.perf_counter()
-    for call in calls:
-        call()
-    first = agree_max(time.perf_counter() - began)
-    rounds = max(2, min(ROUNDS, int(MEASURE_BUDGET_S / max((BLOCK + 1) * first, 1e-9))))
-    means = np.zeros((rounds, len(calls)))
-    for r in range(rounds):
-        for c, call in enumerate(calls):
-            call()
-            started = time.perf_counter()
-            for _ in range(BLOCK):
-                call()
-            means[r, c] = (time.perf_counter() - started) / BLOCK
-    return np.median(means, axis=0)
