@@ -10,7 +10,9 @@ test with `@pytest.mark.untimed`: the full suite runs those at idle CPU priority
 others (scripts/test.sh). A module that compares ranks' speeds with each other says
 `pytestmark = pytest.mark.alone`: the full suite runs it after both lanes, on a machine of its own."""
 import os
+import pwd
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,20 @@ def no_stale_mpi_sessions():
     for folder in Path(os.environ.get("TMPDIR", "/tmp")).glob("ompi.[0-9]*"):
         if not Path("/proc", folder.name.split(".", 1)[1]).exists():
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def outsider() -> str:
+    """Another Linux user (helpers.OUTSIDER): made if missing, let into this checkout's Python."""
+    from helpers import OUTSIDER, give_back_modes, let_others_in
+
+    if os.geteuid() != 0:
+        pytest.skip("the outsider is another Linux user: making one needs root")
+    try:
+        pwd.getpwnam(OUTSIDER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", OUTSIDER], check=True)
+    modes: dict = {}
+    let_others_in(modes)
+    yield OUTSIDER
+    give_back_modes(modes)

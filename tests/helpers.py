@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -216,3 +217,29 @@ def load(path: Path) -> dict:
 
 def same_tensors(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def let_others_in(modes: dict[Path, int]) -> None:
+    """o+x on each folder above the venv's interpreter and the checkout that other users cannot
+    enter (a mkdtemp clone's is 0700), each folder's mode before kept in `modes` for
+    give_back_modes: another Linux user can then run this checkout's Python."""
+    for target in (Path(os.path.realpath(PYTHON)), REPO):
+        for folder in target.parents:
+            mode = folder.stat().st_mode
+            if not mode & stat.S_IXOTH and folder not in modes:
+                modes[folder] = mode
+                folder.chmod(mode | stat.S_IXOTH)
+
+
+def give_back_modes(modes: dict[Path, int]) -> None:
+    for folder, mode in modes.items():
+        folder.chmod(mode)
+
+
+OUTSIDER = "ddpoutsider"  # another Linux user, with no part in any job (the outsider fixture makes it)
+
+
+def outsider_cmd(*args: str) -> list[str]:
+    """tests/outsider_script.py run as OUTSIDER, with nothing of this process's environment."""
+    return ["runuser", "-u", OUTSIDER, "--", "env", "-i", f"PYTHONPATH={REPO}", "PATH=/usr/bin:/bin", PYTHON,
+            str(REPO / "tests" / "outsider_script.py"), *args]

@@ -16,13 +16,12 @@ import os
 import pwd
 import secrets
 import shutil
-import stat
 import subprocess
 import time
 from pathlib import Path
 
 from ddp_abci.compare.netlab import attach_host, free_subnet
-from helpers import PYTHON, REPO, kill_in_netns, sh, stop_by_pid
+from helpers import REPO, give_back_modes, kill_in_netns, let_others_in, sh, stop_by_pid
 
 SHARED = Path(os.environ.get("DDP_ABCI_PBS", REPO.parent / "shared" / "pbs"))
 PBS_BIN = Path("/opt/pbs/bin")
@@ -60,7 +59,7 @@ class PBSLab:
         for setting in (f"set queue rt_HF default_chunk.ncpus = {ncpus}", "set queue rt_HF resources_default.place = "
                         "scatter:excl"):
             self.qmgr(setting)
-        self._let_the_user_in()
+        let_others_in(self.modes)
         self.root.chmod(0o755)  # a mkdtemp folder: only its owner could enter it
         self.work.mkdir(parents=True)
         shutil.chown(self.work, USER, USER)
@@ -72,15 +71,6 @@ class PBSLab:
 
     def qmgr(self, command: str) -> None:
         subprocess.run([str(PBS_BIN / "qmgr"), "-c", command], check=True, stdout=subprocess.DEVNULL)
-
-    def _let_the_user_in(self) -> None:
-        """o+x on each folder above the venv's interpreter and the checkout that others cannot enter."""
-        for target in (Path(os.path.realpath(PYTHON)), REPO):
-            for folder in target.parents:
-                mode = folder.stat().st_mode
-                if not mode & stat.S_IXOTH and folder not in self.modes:
-                    self.modes[folder] = mode
-                    folder.chmod(mode | stat.S_IXOTH)
 
     def add_second_host(self) -> None:
         """A second node: its namespace (reaching the server's host through the bridge), its
@@ -198,8 +188,7 @@ class PBSLab:
         self._hosts_file(add=False)
         shutil.rmtree(self.second_home, ignore_errors=True)
         self.second_conf.unlink(missing_ok=True)
-        for folder, mode in self.modes.items():
-            folder.chmod(mode)
+        give_back_modes(self.modes)
 
     @staticmethod
     def _job_ids() -> list[str]:

@@ -25,30 +25,16 @@ def test_the_choice_takes_gloo_only_when_clearly_faster_and_when_mpi_did_not_ans
     assert name == "gloo" and "did not finish within" in why
 
 
-class Store:
-    """A store whose keys are set by hand: rank 1's answer may never come."""
-
-    def __init__(self):
-        self.keys = {}
-
-    def set(self, key, value):
-        self.keys[key] = value.encode() if isinstance(value, str) else value
-
-    def wait(self, keys, timeout):
-        if any(k not in self.keys for k in keys):
-            raise RuntimeError("Socket Timeout")
-
-    def get(self, key):
-        return self.keys[key]
-
-
-def test_the_probes_agree_on_each_paths_slowest_rank_and_a_silent_rank_puts_mpi_out(monkeypatch):
+def test_the_probes_agree_on_each_paths_slowest_rank_and_a_rank_without_mpi_puts_mpi_out(monkeypatch):
+    import torch
     import torch.distributed as dist
 
-    monkeypatch.setattr(dist, "get_rank", lambda: 0)
-    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
-    store = Store()
-    store.set("ddp_abci/comm_choice/1", '{"mpi": 0.3, "gloo": 0.1}')
-    assert comm_choice.agree(store, {"mpi": 0.2, "gloo": 0.4}) == {"mpi": 0.3, "gloo": 0.4}
-    monkeypatch.setattr(comm_choice, "AGREE_S", 0.01)
-    assert comm_choice.agree(Store(), {"mpi": 0.2, "gloo": 0.4})["mpi"] is None  # rank 1 never answered
+    def all_reduce_with(other):  # the other rank's probes, as a MAX all-reduce meets them
+        def all_reduce(tensor, op):
+            tensor.copy_(torch.maximum(tensor, torch.tensor(other, dtype=tensor.dtype)))
+        return all_reduce
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce_with([0.1, 0.3]))  # sorted paths: gloo, mpi
+    assert comm_choice.agree({"mpi": 0.2, "gloo": 0.4}) == {"mpi": 0.3, "gloo": 0.4}
+    monkeypatch.setattr(dist, "all_reduce", all_reduce_with([0.1, float("inf")]))  # its MPI never finished
+    assert comm_choice.agree({"mpi": 0.2, "gloo": 0.4})["mpi"] is None

@@ -17,14 +17,14 @@ import pytest
 
 from ddp_abci.compare.netlab import SUBNET_PREFIX, NetLab, sh
 from ddp_abci.parallel.comm_choice import GLOO_MARGIN
-from helpers import BENCH_SMALL, MPIRUN, PYTHON, REPO, bench, env, load, wait_for_line
+from helpers import BENCH_SMALL, MPIRUN, PYTHON, REPO, bench, env, load, outsider_cmd, wait_for_line
 
 UNREACHABLE = f"{SUBNET_PREFIX}.250.1"  # outside every lab's /24: an address of host A's that B has no route to
 
 
 class TwoHosts(NetLab):
     def __init__(self, tmp: Path) -> None:
-        super().__init__(["hosta", "hostb"], tmp)
+        super().__init__(["hosta", "hostb"], tmp, outsiders=["hostc"])  # hostc: another user's node
         self.a = self.addr["hosta"]
 
     def up(self) -> None:
@@ -112,7 +112,7 @@ def test_without_mpi4py_a_named_interface_gives_every_rank_rank_0s_address(two_h
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=env(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                                       MASTER_ADDR="hosta", MASTER_PORT=port))
-             for rank, (host, iface) in enumerate(two_hosts.iface.items())]
+             for rank, host, iface in ((r, h, two_hosts.iface[h]) for r, h in enumerate(two_hosts.hosts))]
     outputs = [proc.communicate(timeout=120)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], outputs
     assert f"rendezvous {two_hosts.a}:{port} (from torchrun)" in outputs[0], outputs[0]
@@ -162,6 +162,20 @@ def test_a_frozen_host_ends_the_job_within_the_timeout_naming_its_rank(two_hosts
     assert proc.returncode == 69 and took < TIMEOUT + 30 and len(lines) == 1, out
     assert lines[0].startswith("error: rank 1 (host hostb) stopped answering at step ")
     assert load(tmp_path / "last.pt")["step"] > 0
+
+
+def test_another_user_on_a_third_host_writes_into_rank_0s_store_and_steers_nothing(two_hosts, outsider, tmp_path):
+    proc = two_hosts.start_on_host_a(two_hosts.train_cmd("--epochs", "60", "--num-items", "400", "--timeout", "30",
+                                                          "--ckpt-dir", str(tmp_path)))
+    addr, port = re.search(r"rendezvous (\S+):(\d+)", "".join(wait_for_line(proc, "rendezvous "))).groups()
+    wait_for_line(proc, "epoch 3/")
+    attack = subprocess.run(two_hosts.as_host("hostc", outsider_cmd("attack", addr, port, "60")),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    out, _ = _ended_within(proc, 120)
+    assert int(re.search(r"outsider: (\d+) writes", attack.stdout).group(1)) > 50, attack.stdout  # it reached the store
+    assert proc.returncode == 0 and "replicas agree: identical weights on all 2 ranks" in out, out
+    assert re.search(r"warning: rank 0 refused \d+ value\(s\) in rank 0's store that were not this job's", out), out
+    assert not list(tmp_path.glob("hang-*")) and "error:" not in out, out
 
 
 def test_a_cut_link_ends_the_job_script_within_the_timeout_with_exit_69(two_hosts, tmp_path):

@@ -34,18 +34,21 @@ def sh(*cmd: str) -> str:
 
 
 class NetLab(Lab):
-    def __init__(self, hosts: Sequence[str], workdir: Path, *, read_only: dict[str, str] | None = None) -> None:
-        """`read_only`: host -> a folder that host sees read-only (a mount namespace of its own)."""
+    def __init__(self, hosts: Sequence[str], workdir: Path, *, read_only: dict[str, str] | None = None,
+                 outsiders: Sequence[str] = ()) -> None:
+        """`read_only`: host -> a folder that host sees read-only (a mount namespace of its own).
+        `outsiders`: hosts on the same network that run no rank (another user's node)."""
         if os.geteuid() != 0:
             raise PermissionError("the network lab needs root (network namespaces, tc)")
         self.hosts, self.workdir, self.read_only = list(hosts), Path(workdir), dict(read_only or {})
+        machines = self.hosts + list(outsiders)
         self.tag = secrets.token_hex(2)
         self.subnet = free_subnet(SUBNET_PREFIX, int(self.tag, 16))
         self.net = f"{self.subnet}.0/24"
-        self.addr = {host: f"{self.subnet}.{i + 1}" for i, host in enumerate(self.hosts)}
-        self.ns = {host: f"dnl{self.tag}{i}" for i, host in enumerate(self.hosts)}
-        self.veth = {host: f"dnv{self.tag}{i}" for i, host in enumerate(self.hosts)}  # the bridge's side
-        self.iface = {host: f"dni{self.tag}{i}" for i, host in enumerate(self.hosts)}  # the host's own
+        self.addr = {host: f"{self.subnet}.{i + 1}" for i, host in enumerate(machines)}
+        self.ns = {host: f"dnl{self.tag}{i}" for i, host in enumerate(machines)}
+        self.veth = {host: f"dnv{self.tag}{i}" for i, host in enumerate(machines)}  # the bridge's side
+        self.iface = {host: f"dni{self.tag}{i}" for i, host in enumerate(machines)}  # the host's own
         self.bridge = f"dnb{self.tag}"
         self.agent = self.workdir / f"agent-{self.tag}"
         self.made: list[str] = []
@@ -55,7 +58,7 @@ class NetLab(Lab):
         self.made.append(f"link:{self.bridge}")
         sh("ip", "link", "set", self.bridge, "up")
         hosts_file = "127.0.0.1 localhost\n" + "".join(f"{a} {h}\n::ffff:{a} {h}\n" for h, a in self.addr.items())
-        for host in self.hosts:
+        for host in self.ns:
             ns = self.ns[host]
             self.made.append(f"ns:{ns}")  # first: down() also removes one made half-way
             attach_host(ns, self.bridge, self.iface[host], self.veth[host], self.addr[host])
@@ -67,7 +70,7 @@ class NetLab(Lab):
         self._write_agent()
 
     def _write_agent(self) -> None:
-        cases = "".join(f"    {h}) ns={self.ns[h]} ro={self.read_only.get(h, '')} ;;\n" for h in self.hosts)
+        cases = "".join(f"    {h}) ns={self.ns[h]} ro={self.read_only.get(h, '')} ;;\n" for h in self.ns)
         self.agent.write_text(textwrap.dedent("""\
             #!/bin/sh
             # ssh stand-in: AGENT [options] HOST COMMAND runs COMMAND in HOST's namespace, as HOST.

@@ -54,6 +54,8 @@ class Environment:
         # Rank 0's store where the others learned its address (rendezvous.learn_rank0_address):
         # held as long as this object, the launch's, so that the group's store shares its server.
         self.meeting_store: object | None = None
+        self.met_first = False  # every rank: the rendezvous met rank 0 at its host first (learn_rank0_address)
+        self.secret_path: object | None = None  # rank 0's file of the job's secret, removed at the end
 
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
@@ -118,7 +120,29 @@ class Environment:
         # scheduler names (torchrun's MASTER_ADDR is often a host name on another network).
         addr, self.meeting_store = rendezvous.learn_rank0_address(ranks, host, port, meeting.interface,
                                                                   meeting.timeout_s)
+        self.met_first = True
         return addr, port
+
+    # -- the job's secret -----------------------------------------------------------------
+
+    def share_secret(self, ranks: Ranks, addr: str, port: int, timeout_s: float) -> bytes:
+        """The job's secret (parallel/signing.py): rank 0 draws it. Without MPI it leaves it in a
+        file only the job's user can read (on the home the nodes share), and the other ranks get
+        b"": they fetch it from there once the process group is open (signing.job_secret).
+        Raises: LaunchError where rank 0 cannot leave it."""
+        from ..parallel import signing  # noqa: PLC0415
+
+        if ranks.world_size == 1 or ranks.rank != 0:
+            return signing.draw() if ranks.world_size == 1 else b""
+        path = signing.secret_file(addr, port, self.environ)
+        secret = signing.draw()
+        try:
+            signing.leave(secret, path)
+        except OSError as e:
+            raise LaunchError(f"rank 0 could not leave the job's secret for the other ranks in {path} ({e}): set "
+                              "DDP_ABCI_SECRETS_DIR to a folder every node sees, that only you can enter") from None
+        self.secret_path = path
+        return secret
 
     # -- the end ------------------------------------------------------------------------
 
@@ -126,3 +150,4 @@ class Environment:
         """End the whole job now with `status`. Here: this process exits, and its launcher
         (torchrun, srun) ends the others; MPI and srun do more (mpi.py, slurm.py)."""
         os._exit(status)
+

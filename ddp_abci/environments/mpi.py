@@ -87,6 +87,16 @@ class MPILauncher(Environment):
             raise rendezvous.AddressUnusable(error)
         return chosen, port
 
+    def share_secret(self, ranks: Ranks, addr: str, port: int, timeout_s: float) -> bytes:
+        """Over MPI: rank 0's draw broadcast, never leaving the processes' memory."""
+        if not self.mpi:
+            return super().share_secret(ranks, addr, port, timeout_s)
+        from mpi4py import MPI  # noqa: PLC0415
+
+        from ..parallel import signing  # noqa: PLC0415
+
+        return MPI.COMM_WORLD.bcast(signing.draw() if ranks.rank == 0 else None, root=0)
+
     def end_job(self, status: int) -> NoReturn:
         """MPI_Abort makes mpirun SIGKILL every rank (measured: a SIGSTOPped peer too) and exit
         with `status`; a raise would leave a frozen or waiting peer behind."""

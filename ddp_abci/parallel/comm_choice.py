@@ -7,7 +7,7 @@ network namespaces MPI's first large all-reduce once took 117 s and once never f
 transport connecting on a route that did not answer), so each path is first probed once at the
 measured size: MPI's with a non-blocking operation on a communicator of its own, polled for at
 most PROBE_S, gloo's on the process group itself (which training needs whatever is chosen). The
-ranks agree on the probes through the rendezvous store, each wait bounded; where MPI's did not
+ranks agree on the probes over gloo (its all-reduce timed by the watchdog); where MPI's did not
 finish on every rank the run takes gloo at once, and says why. Otherwise both paths are measured
 as training meets them, an agreed number of rounds. A resume at the same world size reuses its
 checkpoint's verdict (assembly.py) instead of measuring again.
@@ -15,10 +15,9 @@ checkpoint's verdict (assembly.py) instead of measuring again.
 from __future__ import annotations
 
 import atexit
-import json
+import math
 import time
 from contextlib import nullcontext
-from datetime import timedelta
 from typing import Any, Callable
 
 import numpy as np
@@ -35,8 +34,6 @@ GLOO_MARGIN = 0.8  # gloo is taken where it all-reduces in under 0.8 of MPI's ti
 # of real size, and a slow link"). MEASURED_BYTES: the paths' ratio did not change beyond it.
 BLOCK, ROUNDS, ROUNDS_S, MEASURED_BYTES = 3, 5, 3.0, 4 * 2**20
 PROBE_S = 5.0    # MPI's first all-reduce: past it on any rank, MPI is out
-AGREE_S = 20.0   # each wait of the probes' agreement through the store
-KEY = "ddp_abci/comm_choice/{}"
 # An MPI operation given up on still owns its buffer, freeing its request is erroneous, and
 # MPI_Finalize crashed completing one that every rank had given up on (seen here: a segmentation
 # fault in NBC_Progress, reproduced with two ranks and nothing else). So every rank polls it once
@@ -47,8 +44,7 @@ UNFINISHED: list = []
 EXIT_S = 150.0
 
 
-def measure_and_choose(gradient_bytes: int, watchdog: Any = None, store: Any = None,
-                       probe_s: float = PROBE_S) -> tuple[GradientPath, str]:
+def measure_and_choose(gradient_bytes: int, watchdog: Any = None, probe_s: float = PROBE_S) -> tuple[GradientPath, str]:
     """The path every rank takes, and the line that says so. Each path's time is the median of
     its blocks' means, the maximum over the ranks. Returns: (the path, whose measured_ms holds
     mpi, gloo and the measuring's own cost, took; the line)."""
@@ -60,7 +56,7 @@ def measure_and_choose(gradient_bytes: int, watchdog: Any = None, store: Any = N
     timed = watchdog.waiting("measuring the gradient all-reduce, MPI against gloo") if watchdog else nullcontext()
     began = time.perf_counter()
     with timed:
-        probes = agree(store or dist.distributed_c10d._get_default_store(), probe(comm, buffer, probe_s))
+        probes = agree(probe(comm, buffer, probe_s))
         if probes["mpi"] is None:
             times = {"mpi": None, "gloo": probes["gloo"]}
             finish_unfinished(probe_s)
@@ -118,26 +114,14 @@ def choose(times: dict[str, float | None], probe_s: float = PROBE_S) -> tuple[st
     return ("gloo" if times["gloo"] < GLOO_MARGIN * times["mpi"] else "mpi"), ""
 
 
-def agree(store: Any, mine: dict[str, float | None]) -> dict[str, float | None]:
-    """Every rank's probes through the store: each path's maximum over the ranks, None where a
-    rank had none. Rank 0 gathers and writes the verdict; each wait is bounded (AGREE_S), and a
-    rank that does not answer makes MPI's None (its late ones are the ranks')."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    store.set(KEY.format(rank), json.dumps(mine))
-    if rank == 0:
-        gathered = [mine] + [_read(store, KEY.format(r)) for r in range(1, world)]
-        times = {p: None if any(g.get(p) is None for g in gathered) else max(g[p] for g in gathered) for p in mine}
-        store.set(KEY.format("verdict"), json.dumps(times))
-        return times
-    return _read(store, KEY.format("verdict")) or {"mpi": None, "gloo": mine["gloo"]}
-
-
-def _read(store: Any, key: str) -> dict:
-    try:
-        store.wait([key], timedelta(seconds=AGREE_S))
-        return json.loads(store.get(key))
-    except Exception:  # noqa: BLE001  (the store's timeout: that rank's MPI counts as late)
-        return {}
+def agree(mine: dict[str, float | None]) -> dict[str, float | None]:
+    """Every rank's probes, agreed over the process group (gloo, which has just answered the
+    probe): each path's maximum over the ranks, None where a rank had none. Nothing goes through
+    the rendezvous store, which anyone who reaches its port can write (docs/security.md)."""
+    paths = sorted(mine)
+    times = torch.tensor([math.inf if mine[p] is None else mine[p] for p in paths], dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return {p: None if math.isinf(t) else float(t) for p, t in zip(paths, times.tolist(), strict=True)}
 
 
 def _block_medians(calls: list[Callable[[], Any]], first_s: float) -> np.ndarray:

@@ -39,6 +39,8 @@ class Launch:
     # gradients can go through it, and MPI_Abort ends the job. The environment says so.
     mpi: bool = False
     environment: Environment | None = field(default=None, compare=False, repr=False)
+    # The job's secret (parallel/signing.py): never printed, compared or written anywhere.
+    secret: bytes = field(default=b"", compare=False, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -91,5 +93,6 @@ def discover_launch(*, master_addr: str | None = None, master_port: int | None =
                       interface=interface or env.get("DDP_ABCI_IFNAME") or None, timeout_s=timeout_s)
     ranks = environment.ranks()  # MPI_Init happens here, under mpirun with mpi4py
     addr, port = environment.rendezvous(ranks, meeting)
+    secret = environment.share_secret(ranks, addr, port, timeout_s)
     return Launch(ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size, addr, port,
-                  environment.source, environment.mpi, environment)
+                  environment.source, environment.mpi, environment, secret)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from datetime import timedelta
 from typing import Iterator
 
@@ -76,14 +77,18 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
             torch.set_num_threads(threads)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     try:
+        met_first = launch.environment is not None and launch.environment.met_first
         dist.init_process_group(
             backend,
-            init_method=launch.init_method,
+            # Where the ranks first met rank 0 at its host (rendezvous.learn_rank0_address), that
+            # store's server serves the group too, on every rank the same way (the keys' prefix).
+            **({"init_method": launch.init_method} if met_first else {"store": rendezvous_store(launch, timeout_s)}),
             rank=launch.rank,
             world_size=launch.world_size,
             timeout=timedelta(seconds=timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
+        confirm_secret(launch, timeout_s)
     except dist.DistBackendError as e:  # before the generic case: it is a RuntimeError too
         raise BackendFailed(
             f"rank {launch.rank}: the {backend} backend could not start on {device} ({_first_line(e)}); the "
@@ -97,6 +102,46 @@ def open_process_group(launch: Launch, *, timeout_s: float = 120.0, backend: str
             "(MASTER_ADDR / --interface) and that all ranks started"
         ) from None
     return device
+
+
+def rendezvous_store(launch: Launch, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's TCPStore, listening on the address the ranks dial (launch.master_addr: the
+    interface IFNAME or the rendezvous chose, 127.0.0.1 on one host) and no other: torch's own
+    listens on every interface (seen: `ss -ltn` showed *:PORT). A socket bound here is handed to
+    it (master_listen_fd). The other ranks' clients of it. This narrows who can connect; it does
+    not stop a user of the same host or network (docs/security.md)."""
+    wait = timedelta(seconds=timeout_s)
+    if launch.rank != 0:
+        return dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, False, wait)
+    family = socket.AF_INET6 if ":" in launch.master_addr else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((launch.master_addr, launch.master_port))
+    listener.listen(max(128, launch.world_size))
+    # detach(): the store's server owns the descriptor from here (the Python object would close it)
+    return dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, True, wait,
+                         wait_for_workers=False, master_listen_fd=listener.detach())
+
+
+def confirm_secret(launch: Launch, timeout_s: float) -> None:
+    """Ranks that fetched the job's secret from a file (no MPI) check that it is this job's:
+    rank 0 signs a value in the store, each rank checks it (an earlier job's file would not)."""
+    if launch.mpi or launch.world_size == 1:
+        return
+    from .signing import Signer, job_secret  # noqa: PLC0415
+
+    store, key = dist.distributed_c10d._get_default_store(), "ddp_abci/secret-check"
+    try:
+        signer = Signer(job_secret(launch, timeout_s), f"{launch.master_addr}:{launch.master_port}")
+    except PermissionError as e:
+        raise JoinFailed(str(e)) from None
+    if launch.rank == 0:
+        store.set(key, signer.sign(key, "rank 0's", 0))
+        return
+    store.wait([key], timedelta(seconds=timeout_s))
+    if signer.verify(key, store.get(key)) is None:
+        raise JoinFailed(f"rank {launch.rank}'s copy of the job's secret is not rank 0's (an earlier job's file, "
+                         "or another home): every rank must see the same home, or DDP_ABCI_SECRETS_DIR")
 
 
 def _first_line(error: BaseException) -> str:
@@ -123,3 +168,7 @@ def distributed(launch: Launch, *, timeout_s: float = 120.0, backend: str | None
         yield device
     finally:
         close_process_group()
+        secret_file = launch.environment.secret_path if launch.environment is not None else None
+        if secret_file is not None:  # rank 0's file of the job's secret (no MPI): read by now, or never
+            with contextlib.suppress(OSError):
+                os.unlink(secret_file)

@@ -83,7 +83,8 @@ class Watchdog:
         # Heartbeats every 1/8 of the timeout (at most 5 s): from a quarter of the timeout on,
         # a waiting rank reads everyone's at least 5 times before it decides.
         self.interval = min(5.0, max(0.2, timeout_s / 8))
-        self.heartbeat = Heartbeat(launch, self.interval, timeout_s / 4, self.phases, lambda: self.step, self._report)
+        self.heartbeat = Heartbeat(launch, self.interval, timeout_s / 4, self.phases, lambda: self.step, self._report,
+                                   secret_wait_s=timeout_s)
         self.pause_gap = max(3 * min(1.0, timeout_s / 10), 2.0)
         self.last_watch = self.paused_at = time.monotonic() - 2 * self.pause_gap
         self._stop = threading.Event()
@@ -264,7 +265,26 @@ class Watchdog:
                             store_held_s=held, master_addr=self.launch.master_addr,
                             store_error=self.heartbeat.store_error)
         if places:
-            line += "; where each live rank is: " + "; ".join(f"rank {r} {places[r]}" for r in sorted(places))
+            line += "; where each live rank is: " + places_line(places)
             folder = str(run_folder.hang_folder(self.report_dir, self.step)) if self.report_dir else None
             line += f" (their stacks: {folder or 'on stderr'})"
         return f"{line}; --timeout is {self.timeout_s:g} s; the job ends (exit {EXIT_RANK_LOST}); {self.checkpoint}"
+
+
+def places_line(places: dict[int, str]) -> str:
+    """Each place once, with the ranks there as ranges ("ranks 0-1022, 1024-4095 in the ..."): one
+    line that stays readable at thousands of ranks."""
+    by_place: dict[str, list[int]] = {}
+    for rank in sorted(places):
+        by_place.setdefault(places[rank], []).append(rank)
+    return "; ".join(f"{'ranks' if len(ranks) > 1 else 'rank'} {_ranges(ranks)} {place}"
+                     for place, ranks in sorted(by_place.items(), key=lambda item: item[1][0]))
+
+
+def _ranges(ranks: list[int]) -> str:
+    spans, start = [], ranks[0]
+    for before, rank in zip(ranks, ranks[1:] + [None], strict=True):
+        if rank != before + 1:
+            spans.append(f"{start}" if start == before else f"{start}-{before}")
+            start = rank
+    return ", ".join(spans)
