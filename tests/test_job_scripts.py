@@ -157,7 +157,7 @@ def test_the_gpu_check_records_each_step_under_out_even_when_steps_fail_or_hang(
     fake.chmod(0o755)
     started = time.monotonic()
     proc = run(["bash", "scripts/gpu_check.sh"], env=env(PYTHON=str(fake), OUT=str(tmp_path / "out"), STEP_S="6",
-                                                         BUDGET_S="22", SEED_EPOCHS="1"), timeout=120)
+                                                         BUDGET_S="40", SEED_EPOCHS="1"), timeout=120)
     assert proc.returncode == 0, proc.stdout
     summary = json.loads((tmp_path / "out" / "gpu" / "gpu_check.json").read_text())
     steps = summary["steps"]

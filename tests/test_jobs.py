@@ -7,7 +7,7 @@ import pytest
 from ddp_abci import run_folder
 from ddp_abci.cluster import chain as jobs
 from ddp_abci.cluster import jobs as command
-from ddp_abci.cluster import status, submission, walltime
+from ddp_abci.cluster import restarts, status, submission, walltime
 from ddp_abci.cluster.schedulers import Scheduler
 
 
@@ -81,6 +81,20 @@ def test_a_lost_daemon_after_the_ranks_started_is_that_host_lost(tmp_path):
     assert "lost its daemon on h2" in run_folder.read_status(ckpt)["line"]
     output.write_bytes(b"A daemon failed to report back\n")  # before the ranks started: a launch that cannot work
     assert jobs.lost_daemon_host(jobs.mpirun_output(str(output))) is None
+
+
+def test_a_survivors_abort_on_a_closed_link_is_a_rank_elsewhere_lost_with_no_host_blamed(tmp_path):
+    # Open MPI 5's lines when rank 1's abort reached mpirun before the news of rank 3's death
+    # on the other host (the PBS lab, 2026-12-07): mpirun exited 14.
+    output = tmp_path / "out"
+    output.write_bytes(b"ddp_abci: world size 4 (local 2)\n[vm:00000] *** An error occurred in Socket closed\n"
+                       b"[vm:00000] *** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,\n"
+                       b'prterun has exited due to process rank 1 with PID 0 on node vm calling\n"abort".\n')
+    ckpt = str(tmp_path / "ck")
+    assert jobs.finish(ckpt, 14, "none", str(output), "5") == 69
+    line = run_folder.read_status(ckpt)["line"]
+    assert "a rank on vm found its link to another rank closed" in line
+    assert restarts.blamed_host(line)[0] is None
 
 
 def test_a_refusal_the_run_could_not_record_is_recorded_with_its_last_error_line(tmp_path):

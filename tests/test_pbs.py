@@ -192,9 +192,11 @@ def _until(done, limit: float, what: str) -> None:
 
 
 def _running_output() -> str:
-    """What the running jobs printed so far: PBS keeps it in the MOM's spool until the job ends."""
-    return "\n".join(f"--- {path.name}:\n{path.read_text(errors='replace')[-3000:]}"
-                      for path in Path("/var/spool/pbs/spool").glob("*.OU"))
+    """What the running jobs printed so far (PBS keeps it in a MOM's spool until the job ends),
+    and the progress files of the lab's run folders."""
+    spools = [*Path("/var/spool/pbs/spool").glob("*.OU"), *Path(f"/var/spool/pbs-{SECOND}/spool").glob("*.OU"),
+              *Path("/tmp").glob("ddp_abci-pbs-*/work/*/ck/progress.json")]
+    return "\n".join(f"--- {path}:\n{path.read_text(errors='replace')[-3000:]}" for path in spools)
 
 
 def _tries(folder: Path) -> list[dict]:

@@ -141,11 +141,23 @@ def killed_rank(output: str) -> tuple[str, str, str] | None:
     return (found[1], found[2], found[3]) if found else None
 
 
+def aborted_on_a_closed_link(output: str) -> str | None:
+    """The host of a rank whose MPI call failed because a peer's socket closed during training
+    ("[h1:00000] *** An error occurred in Socket closed" ... "MPI_ERRORS_ARE_FATAL"), or None.
+    That rank is a survivor, not the culprit: when its abort reaches mpirun before the news of
+    the dead rank on another host (Open MPI 5 then exits 14, "calling abort"), the dead rank is
+    never named."""
+    started = re.search(r"^ddp_abci: world size", output, re.M)
+    found = re.search(r"^\[([^:\]]+):\d+\] \*\*\* An error occurred in Socket closed", output, re.M)
+    return found[1] if started and found and "MPI_ERRORS_ARE_FATAL" in output else None
+
+
 def finish(ckpt_dir: str, rc: int, before: str, output: str | None, job: str, chain: str = "") -> int:
     """The job's status after mpirun, said and recorded. mpirun's own status is not always the
     run's (cut off from a host, Open MPI 5's mpirun exited 0): a status the run recorded during
     this job wins; without one a 0 is a lost rank or launcher, a rank killed by a signal is that
-    rank lost, and an exit after mpirun lost a host's daemon is that host lost (each 69, recorded:
+    rank lost, a rank's abort on a closed link is a rank elsewhere lost, and an exit after mpirun
+    lost a host's daemon is that host lost (each 69, recorded:
     the next try or job resumes, its host named). A refusal (2) and an
     unexpected failure (1) that the run could not record are recorded with its last error line,
     so that a chain stops on them."""
@@ -165,6 +177,10 @@ def finish(ckpt_dir: str, rc: int, before: str, output: str | None, job: str, ch
         rank, host, signum = killed_rank(text)
         status = _lost(ckpt_dir, f"job {job}: rank {rank} on host {host} was killed by signal {signum} (Open MPI's "
                                  "lines above); treated as 69")
+    elif aborted_on_a_closed_link(text):
+        status = _lost(ckpt_dir, f"job {job}: mpirun exited {rc} after a rank on {aborted_on_a_closed_link(text)} "
+                                 "found its link to another rank closed (Open MPI's lines above): a rank elsewhere "
+                                 "was lost; treated as 69")
     elif lost_daemon_host(text):
         status = _lost(ckpt_dir, f"job {job}: mpirun exited {rc} after Open MPI lost its daemon on "
                                  f"{lost_daemon_host(text)} (its lines above) during training: that host, or the "
