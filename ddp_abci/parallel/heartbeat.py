@@ -111,8 +111,12 @@ class Heartbeat:
         self.errand_done.clear()
         self.errand = errand
         self.wake.set()
-        self.errand_done.wait(errand["within"] + 3 * self.interval + 2)
+        self.errand_done.wait(self.errand_s())
         return errand
+
+    def errand_s(self) -> float:
+        """The longest a verdict's errand takes: its wait for the places, and a few beats."""
+        return min(12.0, 2 * self.interval + 2) + 3 * self.interval + 2
 
     # -- the thread --------------------------------------------------------------------
 
@@ -122,8 +126,12 @@ class Heartbeat:
 
             self.signer = Signer(job_secret(self.launch, self.secret_wait_s),
                                  f"{self.launch.master_addr}:{self.launch.master_port}", f"rank {self.launch.rank}")
+            # Connecting waits as long as a rendezvous may (thousands of ranks connect at once);
+            # each call after it no longer than a few beats.
             store = self._call(dist.TCPStore, self.launch.master_addr, self.launch.master_port,
-                               self.launch.world_size, False, timedelta(seconds=self.store_timeout_s))
+                               self.launch.world_size, False,
+                               timedelta(seconds=max(self.store_timeout_s, self.secret_wait_s)))
+            store.set_timeout(timedelta(seconds=self.store_timeout_s))
         except Exception as e:  # no store to reach (or no secret): the watch thread still ends a hung job
             self.store_error = f"{type(e).__name__}: {e}".splitlines()[0]
             return
@@ -167,8 +175,7 @@ class Heartbeat:
         """Every rank's last beat that checks out: the keys known to exist in one multi_get (get()
         waits for a key not there yet, so each new one is checked for first)."""
         keys = [KEY.format(r) for r in range(self.launch.world_size)]
-        missing = [k for k in keys if k not in self.present]
-        self.present |= {k for k in missing if self._call(store.check, [k])}
+        self.present |= set(self._existing(store, [k for k in keys if k not in self.present]))
         known = [k for k in keys if k in self.present]
         now = time.monotonic()
         for key, raw in zip(known, self._call(store.multi_get, known) if known else [], strict=True):
@@ -179,6 +186,17 @@ class Heartbeat:
             previous = self.seen.get(rank)
             if previous is None or previous.beat["seq"] != beat["seq"]:
                 self.seen[rank] = Seen(beat, now)
+
+    def _existing(self, store: Any, keys: list[str]) -> list[str]:
+        """Those of `keys` the store holds: all of them in one call when all are there, else by
+        halves (a few calls for each missing key, not one call for each key: at 4,096 ranks one
+        check a key took the verdict's rank past its errand's time)."""
+        if not keys or self._call(store.check, keys):
+            return keys
+        if len(keys) == 1:
+            return []
+        half = len(keys) // 2
+        return self._existing(store, keys[:half]) + self._existing(store, keys[half:])
 
     def _answer(self, store: Any, request: dict) -> None:
         """Asked by the speaker: this rank's stacks written, its place in the store."""
@@ -218,8 +236,7 @@ class Heartbeat:
             # Every rank's last beat, read after that wait (the live ones beat during it): read
             # before, they were the wait's age when the verdict judged them, and live ranks stale.
             self._read_all(store)
-            keys = [WHERE_KEY.format(r) for r in range(world)]
-            there = [k for k in keys if self._call(store.check, [k])]
+            there = self._existing(store, [WHERE_KEY.format(r) for r in range(world)])
             now = time.monotonic()
             for key, raw in zip(there, self._call(store.multi_get, there) if there else [], strict=True):
                 answer = self.signer.verify(key, raw, replay=False)

@@ -201,6 +201,8 @@ class Watchdog:
                           for r, seen in self.seen.items())
         if lower_waits and self._stop.wait(4 * self.interval):
             return  # a lower rank waits too and says the same: let it speak first
+        if self.heartbeat.store_error and not self.seen and self._stop.wait(self.heartbeat.errand_s()):
+            return  # it cannot read the others: a rank that can gives the verdict, unless none has by now
         errand = self.heartbeat.ask()
         if not errand["first"]:  # another rank claimed the verdict: it speaks and ends the job
             self._stop.wait(3600)
@@ -260,6 +262,12 @@ class Watchdog:
         waited = (f"rank {me} (host {self.heartbeat.host}) waited {now.monotonic - since:.0f} s {place} "
                   f"at step {self.step}")
         held = self.heartbeat.held_s(now.monotonic)
+        store_frozen = held is not None and held > 3 * self.interval  # diagnose's "store" verdict: rank 0 named
+        if not self.seen and not store_frozen and self.launch.world_size > 2:  # it read no one: it names no one
+            why = self.heartbeat.store_error or "none could be read in time"
+            return (f"{waited}, and read no rank's heartbeat from rank 0's store at {self.launch.master_addr} "
+                    f"({why}): no rank can be named from here; --timeout is {self.timeout_s:g} s; the job ends (exit "
+                    f"{EXIT_RANK_LOST}); {self.checkpoint}")
         verdict = diagnose(self.seen, me, self.launch.world_size, now, self.interval, held)
         line = verdict_line(verdict, self.seen, now, waited=waited, place=place, me=me, step=self.step,
                             store_held_s=held, master_addr=self.launch.master_addr,
