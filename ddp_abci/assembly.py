@@ -30,6 +30,7 @@ from .config import TrainConfig, name
 from .data import EpochBatches, build_loader
 from .errors import UsageError
 from .model import adam, compile_model, make_optimizer, wrap_model
+from .parallel import zero
 from .parallel.agreement import Agreement
 from .parallel.collectives import all_ranks, print_main
 from .parallel.comm_choice import measure_and_choose
@@ -42,6 +43,7 @@ from .schedule import build_schedule
 from .stragglers import StragglerWatch
 from .stream_readers import Reader, reader_for
 from .streams import Stream
+from .throughput import plan_throughput
 from .tracking import Clock, RunTrackers
 
 
@@ -113,6 +115,8 @@ def assemble(plan: RunPlan, watchdog: Any, stop: StopRequest, position: Position
     batches = _batches(config, launch, plan, reader)
     factory = job.optimizer or adam(config.lr, config.betas, config.fused_adam)
     built = make_optimizer(factory, wrapped, config.lr)
+    if config.zero and launch.world_size > 1:
+        built = zero.shard(built)  # before the schedule, which must step the optimizer the loop steps
     total = _total_steps(config, batches)
     schedule = _user_scheduler(scheduler, built) if scheduler is not None else \
         build_schedule(built, config.schedule, config.warmup_steps, _schedule_steps(config, total))
@@ -142,7 +146,7 @@ def assemble(plan: RunPlan, watchdog: Any, stop: StopRequest, position: Position
                               stop_at=config.stop_at)
     checkpoints.on_written = agreement.saved
     with watchdog.waiting("opening the logs"):
-        stragglers, trackers = _trackers(config, launch, position.step, total, agreement.deadline, clock)
+        stragglers, trackers = _trackers(plan, model, position.step, total, agreement.deadline, clock)
     return Assembly(wrapped, ddp, gradients, batches, built, scaler, schedule, total, checkpoints, save_points,
                     agreement, stragglers, trackers)
 
@@ -168,14 +172,20 @@ def _gradient_path(plan: RunPlan, launch: Launch, device: torch.device, model: t
     return gradients
 
 
-def _trackers(config: TrainConfig, launch: Launch, step: int, total: int | None, deadline: float | None,
+def _trackers(plan: RunPlan, model: torch.nn.Module, step: int, total: int | None, deadline: float | None,
               clock: Clock) -> tuple[StragglerWatch | None, RunTrackers]:
     """Collective: every rank's host (the straggler report names them); rank 0 opens the
-    logs, and a failure there stops every rank before training."""
+    logs and trackers, and a failure there stops every rank before training."""
+    config, launch = plan.config, plan.launch
     hosts = all_ranks(socket.gethostname()) if config.straggler_threshold else []
     watch = StragglerWatch(config.straggler_threshold, hosts, config.log_every_s,
                            config.ckpt_dir) if hosts and launch.is_main else None
-    return watch, RunTrackers(config, launch, step, total, deadline, clock)
+    throughput, line = plan_throughput(config, model, plan.device, plan.precision, launch.world_size,
+                                       plan.parts.count_tokens is not None)
+    if line:
+        print_main(launch, line)
+    settings = dict(config.to_dict(), job=plan.parts.settings) if plan.parts.settings else config.to_dict()
+    return watch, RunTrackers(config, launch, step, total, deadline, clock, throughput, settings)
 
 
 def seed_everything(seed: int) -> None:

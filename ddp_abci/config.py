@@ -18,6 +18,7 @@ COMM_CHOICES = ("auto", "mpi", "gloo", "nccl")
 COMPRESSION_CHOICES = ("none", "fp16", "bf16", "powersgd")
 SCHEDULE_CHOICES = ("constant", "cosine")
 SPLIT_CHOICES = ("strided", "contiguous")
+TRACKER_CHOICES = ("tensorboard", "wandb", "mlflow")
 # A stop signal is acted on at the next check: at most this many steps, i.e. seconds even
 # for steps of a few milliseconds, inside the few seconds mpirun and the schedulers allow.
 MAX_STOP_CHECK_EVERY = 1000
@@ -105,6 +106,10 @@ class TrainConfig:
                                                  "used on some steps or ranks only); costs a graph walk a step")
     sync_batchnorm: bool = option(False, "BatchNorm statistics over all ranks' batches (SyncBatchNorm, GPUs only); "
                                          "without it rank 0's statistics are shared before each evaluation and save")
+    zero: bool = option(False, "shard the optimizer's state over the ranks (ZeRO stage 1: torch's "
+                               "ZeroRedundancyOptimizer, as Accelerate's DeepSpeed zero_stage=1): Adam's 8 bytes a "
+                               "parameter divided by the ranks, the parameters broadcast once more a step; checkpoints "
+                               "stay whole and resume at any world size, with or without it")
     accum: int = option(1, "micro-batches per optimizer step (DDP's no_sync on all but the last)", low=1,
                         high=2**31 - 1)
     clip_norm: float = option(0.0, "clip the gradient norm to this (unscaled first under fp16); 0: no clipping",
@@ -125,6 +130,21 @@ class TrainConfig:
     metrics_jsonl: str | None = option(None, "rank 0 appends one JSON line per optimizer step", path=True)
     tensorboard: str | None = option(None, "rank 0 writes TensorBoard events to DIR "
                                            "(pip install 'ddp_abci[tensorboard]')", path=True, metavar="DIR")
+    track: str = option("", "trackers rank 0 writes to, comma-separated: tensorboard, wandb, mlflow (Accelerate's "
+                            "log_with); the config once, training and evaluation figures, one tracker run across a "
+                            "chain's jobs (its id kept in --ckpt-dir); each needs its package (pip install "
+                            "'ddp_abci[trackers]')", metavar="NAMES")
+    track_dir: str | None = option(None, "where the trackers write (TensorBoard's events, W&B's offline runs, "
+                                         "MLflow's file store): default DIR/tracking of --ckpt-dir, else ./tracking",
+                                   path=True, metavar="DIR")
+    project: str = option("ddp_abci", "the trackers' project: W&B's project, MLflow's experiment")
+    tokens_per_item: int = option(0, "tokens an item holds (a language model's block size): progress lines, metrics, "
+                                     "summary and status then show tokens/s (and MFU); 0: not counted", low=0)
+    flops_per_token: float | str = option(0.0, "model FLOPs a token costs, forward and backward, for MFU; auto: 6 x "
+                                               "the parameters (nanoGPT's estimate without its attention term); 0: no "
+                                               "MFU", low=0, words=("auto",))
+    peak_tflops: float = option(0.0, "one device's peak TFLOPS for MFU (default: the table for H200, H100, A100 and "
+                                     "V100 in docs/watching.md; other devices: MFU unknown)", low=0)
     compile: bool = option(False, "torch.compile the DDP-wrapped model, as Accelerate's prepare() does (Dynamo's "
                                   "DDPOptimizer then keeps the all-reduce overlapping backward)")
     split: str = option("strided", "how each global batch is shared out: strided (DistributedSampler's every W-th "
@@ -146,9 +166,21 @@ class TrainConfig:
         if isinstance(self.save_every_minutes, str) and self.save_every_minutes != "auto":
             raise UsageError(f"{setting(TrainConfig, 'save_every_minutes')} takes minutes or auto, "
                              f"got {self.save_every_minutes!r}")
+        if isinstance(self.flops_per_token, str) and self.flops_per_token != "auto":
+            raise UsageError(f"{setting(TrainConfig, 'flops_per_token')} takes a number or auto, "
+                             f"got {self.flops_per_token!r}")
+        unknown = [t for t in self.trackers if t not in TRACKER_CHOICES]
+        if unknown:
+            raise UsageError(f"{setting(TrainConfig, 'track')} names {unknown[0]!r}: the trackers are "
+                             f"{', '.join(TRACKER_CHOICES)}")
         if self.resume and not self.ckpt_dir:
             raise UsageError(f"{setting(TrainConfig, 'resume')} needs {setting(TrainConfig, 'ckpt_dir')}, "
                              "the folder holding last.pt")
+
+    @property
+    def trackers(self) -> tuple[str, ...]:
+        """--track's names, each once, in order."""
+        return tuple(dict.fromkeys(t.strip() for t in self.track.split(",") if t.strip()))
 
     def to_dict(self) -> dict:
         """Plain types only, so the checkpoint still loads with weights_only=True."""

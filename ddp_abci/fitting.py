@@ -46,7 +46,7 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
         *, evaluation: Evaluation | None = None, launch: Any = None, optimizer: Any = None,
         scheduler: Callable | None = None, state: Mapping[str, Any] | None = None, collate_fn: Callable | None = None,
         seed_job: Plugin | None = None, stop: StopRequest | None = None, environment: Any = None,
-        **earlier: Any) -> int:
+        count_tokens: Callable[[Any], int] | None = None, **earlier: Any) -> int:
     """Train `model` on `train_set` with `loss_fn(model, batch)` on every rank the launcher
     started.
 
@@ -71,6 +71,8 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
             (default: the seed's AutoencoderJob).
         stop: an entered StopRequest, to keep your own signal handling.
         environment: a launch environment of your own (environments/), used instead of the detected one.
+        count_tokens: fn(batch) -> the tokens in one of this rank's batches (its padding left out):
+            tokens/s and MFU from what the batches hold (or config.tokens_per_item, a fixed number).
         earlier: the earlier spellings, still taken: eval_set=, metrics=, on_eval= (Evaluation's
             fields) and master_addr=, master_port=, interface= (LaunchOptions').
     Returns: the exit status (exits.MEANINGS): 0 done, 75 stopped with a checkpoint to resume,
@@ -94,7 +96,7 @@ def fit(model: Any = None, train_set: Any = None, loss_fn: Callable | None = Non
             meeting = _one_meeting(launch, earlier, environment)
             parts = Parts(model, train_set, loss_fn, eval_set=evaluation.dataset, metrics=evaluation.metrics,
                           optimizer=optimizer, scheduler=scheduler, state=state, collate_fn=collate_fn,
-                          on_eval=evaluation.on_eval)
+                          on_eval=evaluation.on_eval, count_tokens=count_tokens)
             return _train(config, stop, dict(meeting, timeout_s=config.timeout_s), parts, seed_job)
         except RunError as e:  # bad input (2), diverged (65), a failed save (74): one line each
             return report(e)

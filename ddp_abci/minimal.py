@@ -114,7 +114,7 @@ def main():
         if rank == 0:
             print(f"Epoch {epoch + 1} : {(totals[0] / totals[1]).item():.4f}", flush=True)
 
-    # accelerator.save(unwrap_model(model).state_dict(), path) on the main process -- Trainer._save_model()
+    # accelerator.save(unwrap_model(model).state_dict(), path) on the main process -- run_end.save_model()
     if args.save_model and rank == 0:
         torch.save(model.module.state_dict(), args.save_model)
     # end_training(): free DDP, then close the group -- process_group.close_process_group()

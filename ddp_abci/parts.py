@@ -21,6 +21,7 @@ class Parts:
     params -> optimizer, or an optimizer class (None: Adam from TrainConfig); scheduler: a
     factory optimizer -> LRScheduler; state: name -> an object with state_dict(); collate_fn:
     makes a list of items into a batch; on_eval: gets each evaluation's figures on rank 0;
+    count_tokens: fn(batch) -> the tokens in one of this rank's batches (throughput.py);
     settings: the plug-in's own settings, recorded in the checkpoint's config."""
 
     model: Any
@@ -33,6 +34,7 @@ class Parts:
     state: Mapping[str, Any] | None = None
     collate_fn: Callable | None = None
     on_eval: Callable[[dict], None] | None = None
+    count_tokens: Callable[[Any], int] | None = None
     settings: dict = field(default_factory=dict)
 
 

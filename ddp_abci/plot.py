@@ -1,7 +1,8 @@
 """A picture of a run: `python -m ddp_abci.plot RUN.jsonl [--out run.png]`.
 
-One PNG from the --metrics-jsonl log: the loss per step and per epoch, the learning rate and
-samples/s against the step, with each resume marked. matplotlib comes with the `bench` extra.
+One PNG from the --metrics-jsonl log: the loss per step and per epoch with the held-out loss
+beside it, the learning rate and samples/s against the step, with each resume marked.
+matplotlib comes with the `bench` extra.
 """
 from __future__ import annotations
 
@@ -34,6 +35,19 @@ def read_run(path: Path) -> list[dict]:
     return rows
 
 
+def read_evaluations(path: Path) -> list[dict]:
+    """The log's evaluation lines ({"step", "epoch", "eval": {metric: value}}), in order."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("eval"), dict):
+            rows.append(row)
+    return rows
+
+
 def epoch_means(rows: list[dict]) -> tuple[list[int], list[float]]:
     """Each epoch's mean step loss (rank 0's), placed at the epoch's last step."""
     ends: dict[int, list[float]] = {}
@@ -45,7 +59,7 @@ def epoch_means(rows: list[dict]) -> tuple[list[int], list[float]]:
     return [last_step[e] for e in epochs], [sum(ends[e]) / len(ends[e]) for e in epochs]
 
 
-def plot(rows: list[dict], out: Path, title: str) -> None:
+def plot(rows: list[dict], out: Path, title: str, evaluations: list[dict] | None = None) -> None:
     import matplotlib  # noqa: PLC0415  (the bench extra)
 
     matplotlib.use("Agg")
@@ -57,6 +71,9 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
     losses = [r["loss"] for r in rows]
     ax_loss.plot(steps, losses, lw=0.6, alpha=0.6, label="step loss (rank 0)")
     ax_loss.plot(*epoch_means(rows), "o-", ms=3, label="epoch mean")
+    held_out = [(e["step"], e["eval"]["loss"]) for e in evaluations or [] if "loss" in e["eval"]]
+    if held_out:
+        ax_loss.plot(*zip(*held_out, strict=True), "s-", ms=4, color="tab:green", label="held-out loss")
     finite = [v for v in losses if v is not None and math.isfinite(v) and v > 0]
     if finite and max(finite) / min(finite) > 100:
         ax_loss.set_yscale("log")  # the loss spans decades
@@ -88,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = read_run(args.run)
         runs = sum(r.get("samples_per_s") is None for r in rows)
-        plot(rows, out, f"{args.run.name}: {len(rows)} steps, {runs} run(s)")
+        plot(rows, out, f"{args.run.name}: {len(rows)} steps, {runs} run(s)", read_evaluations(args.run))
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE

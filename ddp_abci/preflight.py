@@ -21,7 +21,7 @@ from .parallel.launch import Launch
 from .precision import autocast
 from .stream_readers import Reader, reading_failure
 from .streams import has_length, is_stream
-from .tracking import check_tensorboard_installed
+from .trackers import check_installed
 from .training_set import TrainingSet
 
 UNUSED_ADVICE = (f"remove the layer, freeze it (requires_grad_(False)), or set {turn_on('find_unused_parameters')} "
@@ -30,8 +30,8 @@ UNUSED_ADVICE = (f"remove the layer, freeze it (requires_grad_(False)), or set {
 
 def check_outputs(config: TrainConfig) -> None:
     """Rank 0's check of the files the run writes besides its checkpoints (choice.share runs it)."""
+    check_installed(config.trackers + (("tensorboard",) if config.tensorboard else ()))
     if config.tensorboard:
-        check_tensorboard_installed()
         if Path(config.tensorboard).exists() and not Path(config.tensorboard).is_dir():
             raise UsageError(f"{name('tensorboard')} {config.tensorboard} is a file; name a folder")
     for field in ("metrics_jsonl", "summary_json", "save_model"):

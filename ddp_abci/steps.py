@@ -32,6 +32,7 @@ class StepResult(NamedTuple):
     skipped: bool              # fp16 overflow: GradScaler skipped optimizer.step
     grad_norm: float | None    # total gradient norm before clipping (with --clip-norm)
     samples: int               # items trained in this step, over all ranks
+    tokens: int = 0            # tokens in them (fit(count_tokens=...): this rank's count x the ranks), 0: uncounted
 
 
 class Group(NamedTuple):
@@ -118,7 +119,7 @@ def train_step(trainer: Any, micro_batches: list[Any]) -> StepResult:
     backward (own_failure), or the collective's error after the watchdog's verdict."""
     built, watchdog, config = trainer.built, trainer.watchdog, trainer.config
     built.optimizer.zero_grad(set_to_none=True)
-    count, loss_sum, samples, what = len(micro_batches), None, 0, ""
+    count, loss_sum, samples, tokens, what = len(micro_batches), None, 0, 0, ""
     try:
         for i, batch in enumerate(micro_batches):
             last = i == count - 1
@@ -136,6 +137,8 @@ def train_step(trainer: Any, micro_batches: list[Any]) -> StepResult:
                 loss = loss.float()
             loss_sum = loss if loss_sum is None else loss_sum + loss
             samples += batch_len(batch)
+            if trainer.count_tokens is not None:
+                tokens += int(trainer.count_tokens(batch))
     except Exception as e:
         raise own_failure(e, watchdog, trainer.here, what, trainer.step, batch, bool(config.ckpt_dir)) from None
     grad_norm = None
@@ -146,7 +149,7 @@ def train_step(trainer: Any, micro_batches: list[Any]) -> StepResult:
     if built.scheduler is not None and not skipped:
         built.scheduler.step()  # a step the scaler skipped did not happen for the schedule either
     return StepResult(loss_sum / count if count > 1 else loss_sum, skipped, grad_norm,
-                      samples * trainer.launch.world_size)
+                      samples * trainer.launch.world_size, tokens * trainer.launch.world_size)
 
 
 def step_failure(here: str, what: str, error: Exception, step: int, items: int, resumable: bool) -> RankFailed:

@@ -1,7 +1,8 @@
 """Watching a run: what rank 0 records while it trains (the per-step JSON-lines log of
---metrics-jsonl, TensorBoard events of --tensorboard, Accelerate's trackers in raw form, and
-the progress line with the time left), the throughput clock, and the run's summary JSON.
-RunTrackers is one object, so the loop calls it once a step and once an epoch.
+--metrics-jsonl with each evaluation's figures, the trackers of --track (trackers.py), the
+progress line with the time left and CKPT_DIR/progress.json for the status command), the
+throughput clock, and the run's summary JSON. RunTrackers is one object, so the loop calls it
+once a step, once an epoch and once an evaluation.
 
 None of it slows a step down: the JSON lines are buffered, SummaryWriter queues events to
 its own thread, and the progress line reads the loss once per --log-every seconds.
@@ -9,7 +10,6 @@ its own thread, and the progress line reads the loss once per --log-every second
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import resource
@@ -23,20 +23,14 @@ import torch
 from . import run_folder
 from .atomic_text import replace_text
 from .cluster.schedulers import job_id
-from .errors import UsageError
+from .errors import one_line
 from .parallel.collectives import raise_if_any_rank_failed
-
-INSTALL_TENSORBOARD = "pip install 'ddp_abci[tensorboard]'"
-
-
-def check_tensorboard_installed() -> None:
-    """--tensorboard without the package is a one-line error before any work."""
-    if importlib.util.find_spec("tensorboard") is None:
-        raise UsageError(f"--tensorboard needs the tensorboard package; install it with {INSTALL_TENSORBOARD}")
+from .throughput import Throughput
+from .trackers import Trackers
 
 
 class MetricsLog:
-    """Appends {step, epoch, loss, lr, grad_norm, samples_per_s, scale} lines; buffered,
+    """Appends a line a step and one an evaluation (RunTrackers gives their figures); buffered,
     flushed at every epoch's end and on close, so that a step costs no system call.
 
     A write that fails (disk full, quota, folder gone) is reported once and ends this log,
@@ -45,20 +39,20 @@ class MetricsLog:
     def __init__(self, path: str | Path) -> None:
         self.path = path
         self.file = open(path, "a", buffering=1 << 16)
-        self.last = time.perf_counter()
 
-    def step(self, *, step: int, epoch: int, samples: int, loss: float, lr: float, grad_norm: float | None,
-             scale: float | None, start: bool = False) -> float | None:
-        """One optimizer step that trained `samples` items over all ranks; returns its samples/s.
-        On a run's first step (`start`) samples_per_s is null: it has no step before it, and
-        the plot marks such a line after step 1 as a resume."""
-        now = time.perf_counter()
-        rate = samples / (now - self.last) if now > self.last and not start else None
-        self.last = now
-        self._guard(self.file and self.file.write, json.dumps({
-            "step": step, "epoch": epoch, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-            "samples_per_s": rate, "scale": scale}) + "\n")
-        return rate
+    def step(self, figures: dict[str, Any]) -> None:
+        """One optimizer step's line: {step, epoch, loss, lr, grad_norm, samples_per_s, scale},
+        with tokens_per_s and mfu where the run counts tokens. samples_per_s is null on a run's
+        first step (nothing before it to time from), and the plot marks such a line after step 1
+        as a resume."""
+        self._guard(self.file and self.file.write, json.dumps(figures) + "\n")
+
+    def evaluation(self, step: int, epoch: int, figures: dict[str, float]) -> None:
+        """One evaluation's line, {"step", "epoch", "eval": {metric: value}, "unix"}, flushed;
+        `epoch` is the epochs completed when it ran (a step's line holds its epoch's index)."""
+        self._guard(self.file and self.file.write, json.dumps({"step": step, "epoch": epoch, "eval": figures,
+                                                               "unix": time.time()}) + "\n")
+        self.flush()
 
     def flush(self) -> None:
         self._guard(self.file and self.file.flush)
@@ -139,26 +133,6 @@ def write_summary(path: str | Path, summary: dict) -> None:
         print(f"warning: --summary-json {path} could not be written: {e.strerror or e}", file=sys.stderr, flush=True)
 
 
-class TensorBoardLog:
-    """torch.utils.tensorboard's SummaryWriter in DIR. A resumed run writes a new event file
-    into the same folder with purge_step = its first step: TensorBoard shows one run, and
-    steps a killed run logged after its last checkpoint are hidden, not doubled."""
-
-    def __init__(self, log_dir: str, first_step: int, config: dict) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415  (optional extra)
-
-        self.writer = SummaryWriter(log_dir=log_dir, purge_step=first_step if first_step > 1 else None)
-        self.writer.add_text("config", "    " + json.dumps(config, indent=1).replace("\n", "\n    "), first_step)
-
-    def step(self, step: int, values: dict[str, float | None]) -> None:
-        for name, value in values.items():
-            if value is not None:
-                self.writer.add_scalar(name, value, step)
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class Progress:
     """The line every --log-every seconds: epoch and batch, the loss over the steps since the
     last line (all of this rank's, not one step's), samples/s, and the time left, with
@@ -168,6 +142,7 @@ class Progress:
         self.every_s, self.total_steps, self.deadline = every_s, total_steps, deadline
         self.last_t, self.last_step, self.last_sum = time.perf_counter(), first_step, 0.0  # the loop's clock
         self.start_t, self.start_step = self.last_t, first_step
+        self.recent: float | None = None
 
     def due(self, now: float) -> bool:
         return now - self.last_t >= self.every_s
@@ -175,6 +150,7 @@ class Progress:
     def line(self, now: float, step: int, epoch: str, loss_sum: torch.Tensor, rate: float | None) -> str:
         total = loss_sum.item()
         recent = (total - self.last_sum) / max(step - self.last_step, 1) if step > self.last_step else float("nan")
+        self.recent = recent if recent == recent else None  # the status command's last training loss
         self.last_t, self.last_step, self.last_sum = now, step, total
         per_step = (now - self.start_t) / max(step - self.start_step, 1)
         text = f"  {epoch} loss {recent:.4f} (mean of recent steps)"
@@ -203,9 +179,10 @@ def _duration(seconds: float) -> str:
 class ProgressFile:
     """CKPT_DIR/progress.json: where the running job stands (step, speed, the run's length, the
     scheduler's job id; the step this process resumed from, when it started and took its first
-    step, which the in-job restarts measure their cost by), rewritten whole at the first step,
-    each progress line and each epoch end, for `python -m ddp_abci.status` and the job scripts.
-    A write that fails is said once and ends this file, not the training."""
+    step, which the in-job restarts measure their cost by; the last training loss, the last
+    evaluation and the best so far, kept across a chain's jobs), rewritten whole at the first
+    step, each progress line, each epoch end and each evaluation, for `python -m ddp_abci.status`
+    and the job scripts. A write that fails is said once and ends this file, not the training."""
 
     def __init__(self, ckpt_dir: str, total_steps: int | None, config: Any, world_size: int, first_step: int,
                  clock: Clock) -> None:
@@ -213,15 +190,40 @@ class ProgressFile:
             world_size
         self.items_per_step, self.global_batch = config.global_batch * config.accum, config.global_batch
         self.job, self.resumed_from, self.clock = job_id(os.environ), first_step, clock
+        self.figures: dict[str, Any] = {"loss": None, "tokens_per_s": None, "mfu": None, "eval": None,
+                                        "best_eval": self._best_before(first_step)}
+
+    def _best_before(self, first_step: int) -> dict | None:
+        """The best evaluation of the jobs before this one, at or before its resume step."""
+        try:
+            best = json.loads(self.path.read_text()).get("best_eval") if first_step else None
+        except (OSError, ValueError):
+            return None
+        return best if isinstance(best, dict) and best.get("step", first_step + 1) <= first_step else None
+
+    def note(self, **figures: Any) -> None:
+        """The latest loss, tokens/s or MFU, written with the next write."""
+        self.figures.update(figures)
+
+    def evaluated(self, step: int, epoch: int, results: dict[str, float]) -> None:
+        """An evaluation: the last, and the best so far by its loss (its first figure without one)."""
+        entry = {"step": step, "epoch": epoch, "values": results, "unix": time.time()}
+        key = "loss" if "loss" in results else next(iter(results), None)
+        best = self.figures["best_eval"]
+        if key is not None and (best is None or best.get("key") != key or results[key] < best["values"][key]):
+            self.figures["best_eval"] = dict(entry, key=key)
+        self.figures["eval"] = entry
+        self.write(step, epoch, self.figures.get("samples_per_s"))
 
     def write(self, step: int, epoch: int, samples_per_s: float | None) -> None:
         if self.path is None:
             return
+        self.figures["samples_per_s"] = samples_per_s
         state = {"step": step, "epoch": epoch, "total_steps": self.total_steps, "samples_per_s": samples_per_s,
                  "steps_per_s": samples_per_s / self.items_per_step if samples_per_s else None,
                  "world_size": self.world_size, "global_batch": self.global_batch, "job": self.job,
                  "resumed_from": self.resumed_from, "started_unix": self.clock.startup.get("process_unix"),
-                 "first_step_unix": self.clock.first_step_unix, "unix": time.time()}
+                 "first_step_unix": self.clock.first_step_unix, "unix": time.time(), **self.figures}
         try:
             replace_text(self.path, json.dumps(state))
         except OSError as e:
@@ -231,24 +233,30 @@ class ProgressFile:
 
 
 class RunTrackers:
-    """Rank 0's JSON lines, TensorBoard and progress line; on other ranks, nothing."""
+    """Rank 0's JSON lines, trackers, progress line and progress file; on other ranks, nothing."""
 
     def __init__(self, config: Any, launch: Any, first_step: int, total_steps: int | None,
-                 deadline: float | None, clock: Clock) -> None:
-        """Collective: rank 0 opens the logs, and a failure there stops every rank, before training."""
+                 deadline: float | None, clock: Clock, throughput: Throughput | None = None,
+                 settings: dict | None = None) -> None:
+        """Collective: rank 0 opens the logs and trackers, and a failure there stops every rank,
+        before training. `throughput`: what samples/s mean in tokens and MFU (throughput.py);
+        `settings`: what the trackers record as the run's config."""
         self.metrics: MetricsLog | None = None
-        self.board: TensorBoardLog | None = None
+        self.trackers: Trackers | None = None
+        self.throughput, self.tokens_per_item = throughput, None  # counted tokens an item, where counted
         error = None
         if launch.is_main:
             try:
                 if config.metrics_jsonl:
                     self.metrics = MetricsLog(config.metrics_jsonl)
-                if config.tensorboard:
-                    self.board = TensorBoardLog(config.tensorboard, first_step + 1, config.to_dict())
+                if config.trackers or config.tensorboard:
+                    self.trackers = Trackers(config, first_step + 1, settings or config.to_dict())
             except OSError as e:
                 error = f"{e.filename or 'an output'} cannot be opened ({e.strerror or e}); choose a writable path"
+            except Exception as e:  # noqa: BLE001  (a tracker's own start: W&B's, MLflow's)
+                error = f"a tracker could not start ({one_line(e)}); fix it or leave it out of --track"
         raise_if_any_rank_failed(error)
-        self.first_step = first_step + 1
+        self.first_step, self.last = first_step + 1, time.perf_counter()
         self._progress = Progress(config.log_every_s, total_steps, first_step, deadline) if launch.is_main else None
         self._file = ProgressFile(config.ckpt_dir, total_steps, config, launch.world_size, first_step, clock) \
             if launch.is_main and config.ckpt_dir else None
@@ -256,28 +264,42 @@ class RunTrackers:
     @property
     def recording(self) -> bool:
         """Whether step() records anything: the loop gathers the step's values only then."""
-        return self.metrics is not None or self.board is not None
+        return self.metrics is not None or self.trackers is not None
+
+    def tokens(self, samples_per_s: float | None) -> dict[str, float | None]:
+        """{tokens_per_s, mfu} at `samples_per_s` ({} where the run counts no tokens)."""
+        if self.throughput is None:
+            return {}
+        tokens_per_s = self.throughput.tokens_per_s(samples_per_s, self.tokens_per_item)
+        return {"tokens_per_s": tokens_per_s, "mfu": self.throughput.mfu(tokens_per_s)}
 
     def step(self, step: int, epoch: int, samples: int, loss: torch.Tensor, lr: float, grad_norm: float | None,
              scale: float | None) -> None:
-        value = loss.item()
-        rate = self.metrics.step(step=step, epoch=epoch, samples=samples, loss=value, lr=lr, grad_norm=grad_norm,
-                                 scale=scale, start=step == self.first_step) if self.metrics else None
-        if self.board is not None:
-            self.board.step(step, {"loss": value, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
-                                   "scale": scale})
+        """One optimizer step that trained `samples` items over all ranks."""
+        now = time.perf_counter()
+        rate = samples / (now - self.last) if now > self.last and step != self.first_step else None
+        self.last = now
+        figures = {"step": step, "epoch": epoch, "loss": loss.item(), "lr": lr, "grad_norm": grad_norm,
+                   "samples_per_s": rate, "scale": scale, **self.tokens(rate)}
+        if self.metrics is not None:
+            self.metrics.step(figures)
+        if self.trackers is not None:
+            self.trackers.log(step, {k: v for k, v in figures.items() if k not in ("step", "epoch")})
 
     def after_step(self, now: float, step: int, epoch: int, result: Any, optimizer: Any, scaler: Any, clock: Clock,
                    tally: Any, where: Callable[[], str]) -> None:
         """Everything a step that ended at `now` (time.perf_counter()) feeds: the throughput
         clock, the logs, the progress line (`where` the run is, formed only when the line is due)."""
         clock.step_done(now, result.samples)
+        if result.tokens:
+            self.tokens_per_item = result.tokens / result.samples
         if self.recording:  # only then: under fp16 get_scale() is a host sync
             self.step(step, epoch, result.samples, result.loss, optimizer.param_groups[0]["lr"], result.grad_norm,
                       scaler.get_scale() if scaler.is_enabled() else None)
         if self.progress_due(now):
             self.progress(now, step, where(), tally.loss_sum, clock.samples_per_s())
             if self._file is not None:
+                self._file.note(loss=self._progress.recent, **self.tokens(clock.samples_per_s()))
                 self._file.write(step, epoch, clock.samples_per_s())
         elif step == self.first_step and self._file is not None:  # the first step: the start-up's cost, said
             self._file.write(step, epoch, None)
@@ -286,30 +308,44 @@ class RunTrackers:
         return self._progress is not None and self._progress.due(now)
 
     def progress(self, now: float, step: int, where: str, loss_sum: torch.Tensor, rate: float | None) -> None:
-        """The progress line; call it when progress_due(now)."""
-        print(self._progress.line(now, step, where, loss_sum, rate), flush=True)
+        """The progress line (with tokens/s and MFU where counted); call it when progress_due(now)."""
+        line = self._progress.line(now, step, where, loss_sum, rate)
+        if self.throughput is not None:
+            line += self.throughput.words(self.tokens(rate)["tokens_per_s"])
+        print(line, flush=True)
 
     def epoch_started(self, step: int) -> None:
         if self._progress is not None:
             self._progress.epoch_started(step)
 
-    def epoch_ended(self, step: int, epoch: int, samples_per_s: float | None) -> None:
+    def epoch_ended(self, step: int, epoch: int, samples_per_s: float | None, loss: float | None = None) -> None:
         """At an epoch's end (or where a stop cut it): the progress file, for the status command."""
         if self._file is not None:
+            self._file.note(loss=loss, **self.tokens(samples_per_s))
             self._file.write(step, epoch, samples_per_s)
 
+    def evaluated(self, step: int, epoch: int, results: dict[str, float]) -> None:
+        """An evaluation's figures: the metrics log, the trackers (eval/NAME) and progress.json."""
+        if self.metrics is not None:
+            self.metrics.evaluation(step, epoch, results)
+        if self.trackers is not None:
+            self.trackers.log(step, {f"eval/{metric}": value for metric, value in results.items()})
+        if self._file is not None:
+            self._file.evaluated(step, epoch, results)
+
     def scalars(self, step: int, values: dict[str, float]) -> None:
-        """Per-epoch figures (the epoch loss over all ranks, evaluation); flushes the JSON lines."""
-        if self.board is not None:
-            self.board.step(step, values)
+        """Per-epoch figures (the epoch loss over all ranks, the stragglers'); flushes the JSON lines."""
+        if self.trackers is not None:
+            self.trackers.log(step, values)
         if self.metrics is not None:
             self.metrics.flush()
 
     def close(self) -> None:
-        for log in (self.metrics, self.board):
-            if log is not None:
-                log.close()
-        self.metrics = self.board = None
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.trackers is not None:
+            self.trackers.close()
+        self.metrics = self.trackers = None
 
 
 def training_line(config: Any, epoch_batches: int | None, per_rank_batch: int, precision: str,

@@ -14,7 +14,6 @@ and skip themselves by configuration (no --ckpt-dir, no --summary-json), never b
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import socket
@@ -23,25 +22,24 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from . import run_folder
+from . import run_end, run_folder
 from .assembly import Assembly, assemble
 from .autoencoder_job import AutoencoderJob
-from .checkpointing import checkpoint as ckpt
 from .checkpointing.resume import Position
 from .config import TrainConfig
-from .errors import Diverged, RunError, SaveFailed
+from .errors import Diverged, RunError
 from .evaluation import MetricFn, evaluate
 from .exits import end_of_run
 from .model import LossFn, OptimizerFactory, unwrap
-from .parallel.collectives import all_ranks, broadcast_buffers, check_replicas_agree, print_main, rank0_decides
+from .parallel.collectives import broadcast_buffers, print_main
 from .parallel.launch import Launch
-from .parallel.signals import StopRequest, signal_name
+from .parallel.signals import StopRequest
 from .parallel.watchdog import Watchdog, collective
 from .parts import Parts, Plugin, complete
 from .plan import RunPlan, plan_run
 from .steps import EpochTally, Groups, StepResult, train_step
 from .stragglers import StepClock
-from .tracking import Clock, epoch_line, peak_memory_mib, run_summary, training_line, write_summary
+from .tracking import Clock, epoch_line, training_line
 
 
 class Trainer:
@@ -53,7 +51,7 @@ class Trainer:
 
     Args: config (TrainConfig), launch (parallel.launch.Launch), device (the rank's device);
     the parts as fit() takes them (parts.Parts' fields: model, train_set, eval_set, loss_fn,
-    optimizer, metrics, on_eval, collate_fn, scheduler, state), what they leave out taken from
+    optimizer, metrics, on_eval, collate_fn, scheduler, state, count_tokens), what they leave out taken from
     seed_job (default: the seed's AutoencoderJob); startup: the start-up milestones; stop: the
     StopRequest that turns signals into a stop (a new one when None).
     Raises: RunError (UsageError and its kin: one line, exit 2) for a part that cannot work,
@@ -65,10 +63,11 @@ class Trainer:
                  loss_fn: LossFn | None = None, optimizer: OptimizerFactory | type | None = None,
                  metrics: Mapping[str, MetricFn] | None = None, on_eval: Callable[[dict], None] | None = None,
                  collate_fn: Callable | None = None, seed_job: Plugin | None = None, scheduler: Callable | None = None,
-                 state: Mapping[str, Any] | None = None, startup: dict[str, float] | None = None,
-                 stop: StopRequest | None = None) -> None:
+                 state: Mapping[str, Any] | None = None, count_tokens: Callable[[Any], int] | None = None,
+                 startup: dict[str, float] | None = None, stop: StopRequest | None = None) -> None:
         given = Parts(model, train_set, loss_fn, eval_set=eval_set, metrics=metrics, optimizer=optimizer,
-                      scheduler=scheduler, state=state, collate_fn=collate_fn, on_eval=on_eval)
+                      scheduler=scheduler, state=state, collate_fn=collate_fn, on_eval=on_eval,
+                      count_tokens=count_tokens)
         self._build(plan_run(config, launch, device, complete(given, seed_job, config, AutoencoderJob)), startup, stop)
 
     @classmethod
@@ -87,6 +86,7 @@ class Trainer:
         self.here = f"rank {launch.rank} (host {self.host})"  # who a failure names
         self.position = Position()  # where the run is: the start, or (assembly.py) a resume's
         self.eval_set, self.on_eval, self.loss_fn = parts.eval_set, parts.on_eval, parts.loss_fn
+        self.count_tokens = parts.count_tokens
         self.collate_fn, self.eval_metrics = plan.data.collate_fn, dict(parts.metrics or {})
         held_out = parts.eval_set is not None
         self.eval_every = (config.eval_every or (0 if config.eval_every_steps else 1)) if held_out else 0
@@ -146,9 +146,9 @@ class Trainer:
                 stopped_by, last_loss = self._run_epoch()
             self._finish_saves()
         self.built.trackers.close()
-        self._check_replicas()
-        self._write_summary(last_loss, stopped_by)
-        self._save_model()
+        run_end.check_replicas(self)
+        run_end.write_summary(self, last_loss, stopped_by)
+        run_end.save_model(self)
         status, line = end_of_run(stopped_by, self._finished(), self.position, steps_before, last_loss,
                                   self.built.checkpoints.file)
         print_main(self.launch, line)
@@ -279,7 +279,7 @@ class Trainer:
                                            int(totals[2]), int(totals[3])))
         stragglers = self.built.stragglers
         self.built.trackers.scalars(self.step, {"epoch_loss": mean, **(stragglers.tracked() if stragglers else {})})
-        self.built.trackers.epoch_ended(self.step, self.epoch, self.clock.samples_per_s())
+        self.built.trackers.epoch_ended(self.step, self.epoch, self.clock.samples_per_s(), mean if totals[1] else None)
         return mean
 
     @collective("checkpoint save")
@@ -311,40 +311,11 @@ class Trainer:
         figures = ", ".join(f"{metric} {value:.4f}" for metric, value in results.items())
         print_main(self.launch, f"eval after epoch {self.epoch} (step {self.step}): {figures} "
                                 f"over {count} held-out items")
-        self.built.trackers.scalars(self.step, {f"eval/{metric}": value for metric, value in results.items()})
+        self.built.trackers.evaluated(self.step, self.epoch, results)
         if self.on_eval is not None and self.launch.is_main:
             self.on_eval(dict(results, epoch=self.epoch, step=self.step))
         self.evaluated_at = self.step
         self.step_clock.restart()
-
-    @collective("replica check")
-    def _check_replicas(self) -> None:
-        """Collective: proves every rank ends with the same weights and buffers."""
-        check_replicas_agree(self.built.model, self.launch)
-
-    @collective("summary gather")
-    def _write_summary(self, last_loss: float, stopped_by: int) -> None:
-        """Collective (skipped without --summary-json): every rank's peak memory, written by rank 0."""
-        if not self.config.summary_json:
-            return
-        (peak, kind), cfg = peak_memory_mib(self.device), self.config
-        peaks = all_ranks(peak)
-        if self.launch.is_main:
-            write_summary(cfg.summary_json, run_summary(
-                self.launch.world_size, cfg.global_batch, self.precision, self.step, last_loss, self.clock, peaks,
-                kind, signal_name(stopped_by) if stopped_by else None, self.device,
-                checkpoints_saved=self.built.checkpoints.saved, checkpoint_stall_s=self.built.checkpoints.stall_s,
-                stragglers=self.built.stragglers and self.built.stragglers.summary(),
-                gradients=self.built.gradients.name, gradients_measured_ms=self.built.gradients.measured_ms))
-
-    @collective("model save")
-    def _save_model(self) -> None:
-        """Collective (skipped without --save-model, or with work left): the trained weights
-        alone (unwrapped state_dict), as accelerator.save does; rank 0 writes, all obey its verdict."""
-        if self.config.save_model and self._finished():
-            with self.watchdog.working("writing the model") if self.launch.is_main else contextlib.nullcontext():
-                rank0_decides(self.launch, lambda: ckpt.save_weights(unwrap(self.built.model), self.config.save_model),
-                              SaveFailed)
 
     def _record(self, status: int, line: str) -> None:
         """The run's end in DIR/status, which the job scripts read."""

@@ -34,8 +34,13 @@ INTS = ["1", "2", "7", "50"] * 3 + ["0", "-1", "1000000", "10" * 20, "nan", "1.5
 FLOATS = ["1e-05", "0.5", "3"] * 3 + ["0", "-1", "nan", "inf", "-inf", "1e10", "1e400", "", "x"]
 HOSTILE_CHOICES = ["", "FP16", "bogus", "-1"]
 # Text options that are neither paths nor choices: the values a user (or a typo) gives them.
+# W&B and MLflow are left out of --track here: accepted, they would start real trackers (W&B
+# online) for a line the test only parses; tests/test_tracking.py runs them.
 TEXTS = {"master_addr": ["127.0.0.1"] * 3 + ["", "256.1.1.1", "no.such.host.invalid"],
-         "interface": ["lo", "nope0", ""]}
+         "interface": ["lo", "nope0", ""],
+         "track": ["tensorboard"] * 3 + ["", "bogus", "tensorboard,,tensorboard", "TensorBoard", ","],
+         "project": ["ddp_abci"] * 3 + ["", "a b/c", "-"],
+         "flops_per_token": FLOATS + ["auto"] * 3 + ["AUTO", "6N"]}
 UNKNOWN = ["--bogus", "-x", "--lr=", "stray", "--epochs=2=3", "--"]
 OPTIONS = [f for cls in (TrainConfig, AutoencoderJob, LaunchOptions) for f in fields(cls) if flag_of(f)]
 
@@ -67,6 +72,8 @@ def values_for(f, root: Path) -> st.SearchStrategy:
         return st.one_of(st.tuples(st.just(flag), *[st.sampled_from(FLOATS)] * len(default)).map(list),
                          st.tuples(st.just(flag), st.sampled_from(FLOATS)).map(list))
     kind = meta.get("kind") or type(default)
+    if f.name in TEXTS:
+        return with_value(st.sampled_from(TEXTS[f.name]))
     if kind in (int, float):
         return with_value(st.sampled_from(INTS if kind is int else FLOATS))
     return with_value(st.sampled_from(TEXTS[f.name]))  # a new text option: say here what to try on it

@@ -276,10 +276,10 @@ def test_trackers(make, tmp_path):
     accelerator.log({"loss": 1.0}, step=1)
     accelerator.end_training()
     assert list(tmp_path.rglob("events.out.tfevents.*"))  # the main process wrote the events
-    from ddp_abci.tracking import TensorBoardLog
+    from ddp_abci.trackers import TensorBoard
 
-    board = TensorBoardLog(str(tmp_path / "raw"), 1, {})
-    board.step(1, {"loss": 1.0})
+    board = TensorBoard(tmp_path / "raw", 1, {}, None)
+    board.log(1, {"loss": 1.0})
     board.close()
     assert list((tmp_path / "raw").glob("events.out.tfevents.*"))  # raw: SummaryWriter's events, rank 0
 

@@ -123,6 +123,9 @@ class CheckpointManager:
         self._confirm()
         ranks = [states for _, states in gathered]
         self._gather_differing(ranks)
+        for part, _, _ in self.parts.values():
+            if hasattr(part, "consolidate"):  # a sharded optimizer's state, gathered to rank 0 (--zero)
+                part.consolidate()
         size = 0
         if self.launch.is_main:
             with self.watchdog.working("serialising the checkpoint"):

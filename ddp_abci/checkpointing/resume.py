@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..config import TrainConfig, name
+from ..parallel import zero
 from . import checkpoint as ckpt
 
 HYPER = ("lr", "betas", "momentum", "weight_decay", "eps")  # named in the resume line when changed
@@ -37,17 +38,27 @@ class OptimizerState:
     counts, stays loaded), and `changed` lists 'lr 0.0001 -> 1e-05' for each that differs.
     'initial_lr' is the schedule's base rate. With a scheduler of the user's own, which sets
     the rate (and OneCycleLR the momentum) at each step, the checkpoint's values stay: they
-    are where that scheduler left them."""
+    are where that scheduler left them. A sharded optimizer (--zero, parallel/zero.py) saves
+    and loads the whole state, in the unsharded optimizer's format: any world size, either way."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, this_runs_win: bool = True) -> None:
         self.optimizer, self.this_runs_win, self.changed = optimizer, this_runs_win, []
 
+    def consolidate(self) -> None:
+        """Collective before a save: a sharded state gathered to rank 0 (a no-op otherwise)."""
+        zero.consolidate(self.optimizer)
+
     def state_dict(self) -> dict:
-        return self.optimizer.state_dict()
+        """The whole state (rank 0's, after consolidate() where it is sharded)."""
+        state = self.optimizer.state_dict()
+        zero.release(self.optimizer)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         current = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(state)
+        # ZeroRedundancyOptimizer blanks the entries of other ranks' shards in what it is given
+        self.optimizer.load_state_dict(dict(state, state=dict(state["state"])) if zero.is_sharded(self.optimizer)
+                                       else state)
         if not self.this_runs_win:
             return
         for group, now, saved in zip(self.optimizer.param_groups, current, state["param_groups"], strict=True):

@@ -29,7 +29,7 @@ from .schedulers import SITES
 
 KEYS = ("ckpt_dir", "site", "jobs", "step", "total_steps", "samples_per_s", "run_left_s", "progress_age_s",
         "running_job", "last_checkpoint_age_s", "slow_hosts", "last_exit", "finished", "node_hours",
-        "hosts_left_out", "goodput")
+        "hosts_left_out", "goodput", "loss", "eval", "best_eval", "tokens_per_s", "mfu")
 
 
 def _json(path: Path) -> dict:
@@ -73,6 +73,8 @@ def chain_status(ckpt_dir: str, now: float | None = None, states: dict[str, str]
         "finished": record.get("finished") == "1", "node_hours": chain.get("node_hours"),
         "hosts_left_out": restarts.bad_hosts(str(folder)),
         "goodput": restarts.goodput(tries, progress.get("steps_per_s")) if tries else None,
+        "loss": progress.get("loss"), "eval": progress.get("eval"), "best_eval": progress.get("best_eval"),
+        "tokens_per_s": progress.get("tokens_per_s"), "mfu": progress.get("mfu"),
     }
 
 
@@ -106,6 +108,7 @@ def lines(state: dict[str, Any]) -> list[str]:
         out.append(f"step {state['step']:,}{total}{rate} (as of {_duration(state['progress_age_s'])} ago, job "
                    f"{state['running_job'] or '?'}); the whole run needs {_duration(state['run_left_s'])} more at "
                    "this speed")
+    out += _figure_lines(state)
     if state["last_checkpoint_age_s"] is not None:
         out.append(f"last checkpoint written {_duration(state['last_checkpoint_age_s'])} ago")
     if state["slow_hosts"]:
@@ -116,6 +119,22 @@ def lines(state: dict[str, Any]) -> list[str]:
     if state["last_exit"]:
         end = state["last_exit"]
         out.append(f"last job ended with {end['status']} ({end['line']}): {end['meaning']}")
+    return out
+
+
+def _figure_lines(state: dict[str, Any]) -> list[str]:
+    """The training loss, the held-out figures (the last and the best) and the tokens a second."""
+    out = []
+    if state["loss"] is not None:
+        out.append(f"training loss {state['loss']:.4f} (the last progress line's)")
+    for key, what in (("eval", "last evaluation"), ("best_eval", "best evaluation")):
+        entry = state[key]
+        if entry:
+            figures = ", ".join(f"{name} {value:.4f}" for name, value in entry["values"].items())
+            out.append(f"{what}: {figures} at step {entry['step']:,}")
+    if state["tokens_per_s"]:
+        mfu = f", MFU {100 * state['mfu']:.1f}%" if state["mfu"] is not None else ""
+        out.append(f"{state['tokens_per_s']:,.0f} tokens/s{mfu}")
     return out
 
 
