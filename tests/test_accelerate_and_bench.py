@@ -238,6 +238,15 @@ def test_the_ddp_floors_are_compared_with_the_raw_side_and_with_the_lockstep_flo
     assert out["DDP floor reading the data / DDP floor"] == pytest.approx(6800 / 7200)
 
 
+def test_the_table_leads_with_the_loop_against_the_floor_that_reads_the_same_data():
+    from ddp_abci.compare.bench import format_table
+
+    report = {"sides": {}, "probes": {}, "config": {"bs": 50, "world_size": 2},
+              "ratios": {"throughput raw / DDP floor": 0.86, "throughput raw / DDP floor reading the data": 0.94}}
+    lines = format_table(report).splitlines()
+    assert lines[2] == "the loop against DDP's floor reading the same data: 0.94 (against the floor without data: 0.86)"
+
+
 def test_the_all_reduce_probe_times_gloo_and_mpi_on_real_ranks(mpirun):
     # (The floor probes, alone and in lockstep, run for real in the sweep's test: its floors.)
     both = run([*on_ranks(2, "-m", "ddp_abci.compare.probes"), "allreduce", "--iters", "25"])

@@ -160,6 +160,11 @@ def format_table(report: dict) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    headline = report["ratios"].get("throughput raw / DDP floor reading the data")
+    if headline is not None:  # the loop's own cost, first (issue 69): against the floor that reads the same data
+        bare = report["ratios"].get("throughput raw / DDP floor")
+        lines.append(f"the loop against DDP's floor reading the same data: {headline:.2f}"
+                     + (f" (against the floor without data: {bare:.2f})" if bare is not None else ""))
     for name, value in report["ratios"].items():
         lines.append(f"{name}: {value:.2f}" if value is not None else f"{name}: n/a (a side failed)")
     for side, s in report["sides"].items():
