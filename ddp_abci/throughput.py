@@ -23,9 +23,12 @@ from typing import Any
 # Dense tensor-core peaks a device, FLOP/s, by (a part of the device's name, precision), most
 # specific first. Sources: torchtitan's torchtitan/tools/utils.py get_peak_flops (read at commit
 # 02581674), which cites NVIDIA's product pages for A100, H100 (SXM, PCIe, NVL) and H200 and
-# gives their BF16 figures; NVIDIA lists the same dense figure for FP16 tensor cores on those
-# parts. V100: "up to 125 Tensor TFLOPS" (FP16, NVIDIA's "Programming Tensor Cores in CUDA 9");
-# it has no BF16 tensor cores, so bf16 there has no peak.
+# gives their BF16 figures; FP16 tensor cores have the same dense peak on these parts (the
+# table of NVIDIA's "Hopper architecture in depth", as quoted at forums.developer.nvidia.com
+# t/218102: A100 312 and 312, H100 SXM5 1000 and 1000 (rounded), H100 PCIe 800 and 800; and
+# glennklockwood.com/garden/processors/h100: 989.4 both). V100: "up to 125 Tensor TFLOPS"
+# (FP16, NVIDIA's "Programming Tensor Cores in CUDA 9"); it has no BF16 tensor cores, so bf16
+# there has no peak.
 PEAKS: tuple[tuple[str, str, float, str], ...] = (
     ("H200", "bf16", 989e12, "nvidia.com/en-us/data-center/h200 (via torchtitan)"),
     ("H200", "fp16", 989e12, "nvidia.com/en-us/data-center/h200 (via torchtitan)"),

@@ -8,6 +8,7 @@ usage: fit_cases_script.py CKPT_ROOT [CASE ...]
 import json
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -103,9 +104,15 @@ def saved(path):
     return lambda: torch.load(os.path.join(path, "last.pt"), weights_only=True)["model"]
 
 
+# The two cases that open a group themselves, as a user's code would: bounded (torch's default
+# is 30 minutes), so that a hang there fails the test with its traceback.
+RAW_GROUP_TIMEOUT = timedelta(seconds=60)
+
+
 def existing_group():
     launch = discover_launch()
-    dist.init_process_group("gloo", init_method=launch.init_method, rank=launch.rank, world_size=launch.world_size)
+    dist.init_process_group("gloo", init_method=launch.init_method, rank=launch.rank, world_size=launch.world_size,
+                            timeout=RAW_GROUP_TIMEOUT)
     try:
         return fit(linear(), DATA, mse, config())
     finally:
@@ -114,7 +121,8 @@ def existing_group():
 
 def wrapped_model():
     launch = discover_launch()
-    dist.init_process_group("gloo", init_method=launch.init_method, rank=launch.rank, world_size=launch.world_size)
+    dist.init_process_group("gloo", init_method=launch.init_method, rank=launch.rank, world_size=launch.world_size,
+                            timeout=RAW_GROUP_TIMEOUT)
     model = nn.parallel.DistributedDataParallel(linear())
     dist.destroy_process_group()
     return fit(model, DATA, mse, config())

@@ -52,8 +52,13 @@ def run(cmd: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProce
     """Run to completion; stdout and stderr merged into .stdout. The limit is a hang's backstop,
     not a measurement: the untimed tests' jobs (scripts/test.sh) can wait a minute for a core."""
     kw.setdefault("env", env())
-    return subprocess.run(cmd, cwd=kw.pop("cwd", REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout, **kw)
+    try:
+        return subprocess.run(cmd, cwd=kw.pop("cwd", REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:  # what it printed before it hung: where it hung
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+        raise AssertionError(f"{' '.join(map(str, cmd))} did not end within {timeout:g} s; its last lines:\n"
+                             f"{out[-4000:]}") from None
 
 
 def run_mpi(n: int, *args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
