@@ -83,7 +83,7 @@ def test_a_lost_daemon_after_the_ranks_started_is_that_host_lost(tmp_path):
     assert jobs.lost_daemon_host(jobs.mpirun_output(str(output))) is None
 
 
-def test_a_survivors_abort_on_a_closed_link_is_a_rank_elsewhere_lost_with_no_host_blamed(tmp_path):
+def test_a_survivors_abort_on_a_closed_link_is_a_rank_lost_on_another_host(tmp_path):
     # Open MPI 5's lines when rank 1's abort reached mpirun before the news of rank 3's death
     # on the other host (the PBS lab, 2026-12-07): mpirun exited 14.
     output = tmp_path / "out"
@@ -94,7 +94,9 @@ def test_a_survivors_abort_on_a_closed_link_is_a_rank_elsewhere_lost_with_no_hos
     assert jobs.finish(ckpt, 14, "none", str(output), "5") == 69
     line = run_folder.read_status(ckpt)["line"]
     assert "a rank on vm found its link to another rank closed" in line
-    assert restarts.blamed_host(line)[0] is None
+    assert restarts.blamed_host(line)[0] is None  # vm is a survivor; the lost rank's host is not said
+    assert restarts.blamed_host(line, ["vm", "h2"]) == ("h2", False)  # the one other host of the try
+    assert restarts.blamed_host(line, ["vm", "h2", "h3"])[0] is None
 
 
 def test_a_refusal_the_run_could_not_record_is_recorded_with_its_last_error_line(tmp_path):

@@ -62,12 +62,15 @@ def mends(status: int, tries_this_job: Sequence[dict]) -> bool:
     return status == EXIT_FAILED and not any(t["status"] == EXIT_FAILED for t in tries_this_job[:-1])
 
 
-def blamed_host(line: str) -> tuple[str | None, bool]:
+def blamed_host(line: str, hosts: Sequence[str] = ()) -> tuple[str | None, bool]:
     """The host a try's end names, and whether the watchdog's verdict named it (then it is left
     out at once): "rank 3 (host h2) stopped answering ... (last seen 10 s ago", "rank 1 on host h2
     was killed by signal 9", "Open MPI lost its daemon on h2". A verdict may name ranks of several
     hosts (a live rank starved of its core looks late too): the speaker's own host is alive, and
-    of the others the one whose ranks went unseen longest is blamed."""
+    of the others the one whose ranks went unseen longest is blamed. "a rank on h1 found its link
+    to another rank closed" names a survivor: of the try's `hosts`, the one other host if there is
+    one alone (a closed socket is a rank on another host: on its own host a rank talks through
+    shared memory), else none."""
     named = re.findall(r"\(host (\S+)\) (?:stopped answering|is alive but never reached)[^;(]*"
                        r"(?:\(last seen (\d+) s ago)?", line)
     speaker = re.search(r"rank \d+ \(host (\S+)\) waited", line)
@@ -75,7 +78,11 @@ def blamed_host(line: str) -> tuple[str | None, bool]:
     if candidates:
         return max(candidates)[1], True
     other = re.search(r"on host (\S+) was killed by signal|lost its daemon on (\S+)", line)
-    return (next(g for g in other.groups() if g), False) if other else (None, False)
+    if other:
+        return next(g for g in other.groups() if g), False
+    survivor = re.search(r"a rank on (\S+) found its link to another rank closed", line)
+    others = [h for h in hosts if survivor and h != survivor[1]]
+    return (others[0], False) if len(others) == 1 else (None, False)
 
 
 def restart_cost(tries_this_job: Sequence[dict]) -> tuple[float, bool]:
@@ -107,8 +114,9 @@ def decide(status: int, tries_this_job: Sequence[dict], job_hosts: Sequence[str]
     if len(tries_this_job) > restarts:
         return Decision(False, stay.hosts, 0.0, f"job {job}: {restarts} restart(s) in this job already (RESTARTS): "
                                                 "the chain's next job resumes")
-    host, named = blamed_host(tries_this_job[-1].get("line", ""))
-    previous = blamed_host(tries_this_job[-2].get("line", ""))[0] if len(tries_this_job) > 1 else None
+    host, named = blamed_host(tries_this_job[-1].get("line", ""), tries_this_job[-1].get("hosts", ()))
+    previous = blamed_host(tries_this_job[-2].get("line", ""), tries_this_job[-2].get("hosts", ()))[0] \
+        if len(tries_this_job) > 1 else None
     out: list[tuple[str, str]] = [(h, "it did not answer the quick check between tries") for h in unanswered
                                   if h in stay.hosts]
     if host in stay.hosts and host not in dict(out):
