@@ -90,18 +90,19 @@ def chain(slurm, tmp_path_factory):
                    "scripts/slurm/train.sbatch", "--epochs", "100000", *comm, CKPT_DIR=str(d / "probe"), **stop)
     assert slurm.wait(probe, 120)["ExitCode"] == "75:0", (d / "probe.out").read_text()
     held = load(d / "probe" / "last.pt")["step"]
-    # One and a half jobs: the first stops on its deadline unless it trains 1.5 times as fast as the
-    # probe did (the two can run beside different loads in the suite's other lane), and the half
-    # left is ended by one at the probe's pace, or by the three left at a sixth of it. (At twice
-    # the probe, a fresh clone's chain once fell short: 472, 144, 240 and 240 steps of 1,168 after
-    # a probe of 584, the lanes beside it busy.)
-    max_steps = held + held // 2
+    # Two jobs: the first stops on its deadline unless it trains twice as fast as the probe did (the
+    # two can run beside different loads in the suite's other lane), and the job left is ended by
+    # one at the probe's pace, or by the four left at a quarter of it. (With three left, a fresh
+    # clone's chain once fell short: 472, 144, 240 and 240 steps of 1,168 after a probe of 584.
+    # At 1.5 probes, a first job ended the run alone after a probe slowed to 72 steps.) A run done
+    # ends the chain: the jobs it does not need start and end at once.
+    max_steps = 2 * held
     args = ["--epochs", "100000", "--max-steps", str(max_steps), *comm]
-    out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-p", "2", "-t", "1m", "-c", "4", "--",
+    out = slurm.run(str(REPO / "scripts" / "submit.sh"), "slurm", "-n", "2", "-p", "2", "-t", "1m", "-c", "5", "--",
                     *args, **{**site(slurm), **stop}, CKPT_DIR=str(d / "ck"), SUBMIT_DIR=str(d / "submit"),
                     SBATCH_OUTPUT=str(d / "job-%j.out"))
     ids = [int(line) for line in out.stdout.splitlines() if line.isdigit()]  # the job ids: one a line
-    assert out.returncode == 0 and len(ids) == 4, out.stdout
+    assert out.returncode == 0 and len(ids) == 5, out.stdout
     infos = [slurm.wait(job, 240) for job in ids]
     whole = submit(slurm, d / "whole.out", "-N", "2", "--ntasks-per-node=2", "-t", "00:10:00",
                    "scripts/slurm/train.sbatch", *args, TRAIN_SCRIPT=FIT_SCRIPT, CKPT_DIR=str(d / "whole"), **FOUR)
