@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import run_folder
+from .atomic_text import replace_text
 from .errors import UsageError
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
@@ -166,7 +167,7 @@ class Trackers:
     def _keep(config: Any, ids: dict) -> None:
         path = run_folder.path(config.ckpt_dir, run_folder.TRACKERS) if config.ckpt_dir else None
         if path and ids:
-            Path(path).write_text(json.dumps(ids) + "\n")
+            replace_text(path, json.dumps(ids) + "\n")  # a kill mid-write leaves the old ids, not half a file
 
     def log(self, step: int, values: dict[str, float | None]) -> None:
         """The figures at `step` to every tracker still open; None values left out."""
